@@ -1,0 +1,105 @@
+package outbox
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxmill/outboxmill/domain"
+)
+
+// Message metadata keys set on every event message.
+const (
+	MetaEventType        = "event_type"
+	MetaAggregateType    = "aggregate_type"
+	MetaAggregateID      = "aggregate_id"
+	MetaAggregateVersion = "aggregate_version"
+	MetaOccurredAt       = "occurred_at"
+)
+
+// ErrMalformedEvent is returned by Decode for a message that is not a valid
+// event. Retrying such a message cannot help.
+var ErrMalformedEvent = errors.New("malformed event message")
+
+// Envelope is the JSON body of an event message.
+type Envelope struct {
+	EventID          string          `json:"event_id"`
+	EventType        string          `json:"event_type"`
+	SchemaVersion    int             `json:"schema_version"`
+	AggregateType    string          `json:"aggregate_type"`
+	AggregateID      string          `json:"aggregate_id"`
+	AggregateVersion int             `json:"aggregate_version"`
+	OccurredAt       time.Time       `json:"occurred_at"`
+	Payload          json.RawMessage `json:"payload"`
+}
+
+// Topic returns the Watermill topic (the AMQP routing key) of an event type.
+func Topic(eventType string) string { return eventType }
+
+// Encode turns a domain event into a Watermill message.
+func Encode(ev domain.Event) (*message.Message, error) {
+	payload, err := json.Marshal(ev.Payload)
+	if err != nil {
+		return nil, fmt.Errorf("encode payload of event %s: %w", ev.ID, err)
+	}
+	body, err := json.Marshal(Envelope{
+		EventID:          ev.ID,
+		EventType:        ev.Type,
+		SchemaVersion:    ev.SchemaVersion,
+		AggregateType:    ev.AggregateType,
+		AggregateID:      ev.AggregateID,
+		AggregateVersion: ev.AggregateVersion,
+		OccurredAt:       ev.OccurredAt,
+		Payload:          payload,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("encode event %s: %w", ev.ID, err)
+	}
+	msg := message.NewMessage(ev.ID, body)
+	msg.Metadata.Set(MetaEventType, ev.Type)
+	msg.Metadata.Set(MetaAggregateType, ev.AggregateType)
+	msg.Metadata.Set(MetaAggregateID, ev.AggregateID)
+	msg.Metadata.Set(MetaAggregateVersion, strconv.Itoa(ev.AggregateVersion))
+	msg.Metadata.Set(MetaOccurredAt, ev.OccurredAt.Format(time.RFC3339Nano))
+	return msg, nil
+}
+
+// Decode parses an event message. Any message that is not a complete event,
+// or whose body and UUID disagree, gives an error wrapping ErrMalformedEvent.
+func Decode(msg *message.Message) (Envelope, error) {
+	var env Envelope
+	dec := json.NewDecoder(bytes.NewReader(msg.Payload))
+	if err := dec.Decode(&env); err != nil {
+		return Envelope{}, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
+	}
+	switch {
+	case env.EventID == "":
+		return Envelope{}, fmt.Errorf("%w: no event_id", ErrMalformedEvent)
+	case msg.UUID != "" && msg.UUID != env.EventID:
+		return Envelope{}, fmt.Errorf("%w: message uuid %q differs from event_id %q", ErrMalformedEvent, msg.UUID, env.EventID)
+	case env.EventType == "":
+		return Envelope{}, fmt.Errorf("%w: no event_type", ErrMalformedEvent)
+	case env.AggregateID == "":
+		return Envelope{}, fmt.Errorf("%w: no aggregate_id", ErrMalformedEvent)
+	case env.AggregateVersion < 1:
+		return Envelope{}, fmt.Errorf("%w: aggregate_version must be at least 1", ErrMalformedEvent)
+	case len(env.Payload) == 0 || bytes.Equal(env.Payload, []byte("null")):
+		return Envelope{}, fmt.Errorf("%w: no payload", ErrMalformedEvent)
+	}
+	return env, nil
+}
+
+// DecodePayload parses env's payload into v, rejecting unknown fields.
+func DecodePayload(env Envelope, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(env.Payload))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: payload of %s %s: %v", ErrMalformedEvent, env.EventType, env.EventID, err)
+	}
+	return nil
+}

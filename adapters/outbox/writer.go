@@ -1,0 +1,127 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/outboxmill/outboxmill/domain"
+)
+
+// Config names an outbox. The zero value is not valid; use DefaultConfig.
+type Config struct {
+	// Topic is the watermill-sql topic the outbox is stored under, which is
+	// also the forwarder topic. Its table is "watermill_<Topic>" and the
+	// relay's offsets table "watermill_offsets_<Topic>".
+	Topic string
+}
+
+// DefaultConfig is the outbox of the orders service.
+func DefaultConfig() Config { return Config{Topic: "orders_outbox"} }
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.Topic == "" {
+		return fmt.Errorf("outbox: empty topic")
+	}
+	for _, r := range c.Topic {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_') {
+			return fmt.Errorf("outbox: topic %q may hold only a-z, 0-9 and _", c.Topic)
+		}
+	}
+	return nil
+}
+
+// Table returns the quoted name of the outbox table.
+func (c Config) Table() string { return Schema().MessagesTable(c.Topic) }
+
+// OffsetsTable returns the quoted name of the relay offsets table.
+func (c Config) OffsetsTable() string { return OffsetsAdapter().MessagesOffsetsTable(c.Topic) }
+
+// Schema is the watermill-sql schema adapter of every outbox: the default
+// PostgreSQL schema, whose rows are read in (transaction_id, offset) order
+// and only once no older transaction can still add rows before them.
+func Schema() wmsql.DefaultPostgreSQLSchema {
+	return wmsql.DefaultPostgreSQLSchema{}
+}
+
+// OffsetsAdapter is the watermill-sql offsets adapter of every outbox.
+func OffsetsAdapter() wmsql.DefaultPostgreSQLOffsetsAdapter {
+	return wmsql.DefaultPostgreSQLOffsetsAdapter{}
+}
+
+// Writer appends events to the outbox inside a caller's transaction.
+type Writer struct {
+	config Config
+	logger watermill.LoggerAdapter
+}
+
+// NewWriter returns a Writer for the outbox described by config.
+func NewWriter(config Config, logger watermill.LoggerAdapter) (*Writer, error) {
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	return &Writer{config: config, logger: logger}, nil
+}
+
+// Write inserts events into the outbox through tx. They become visible to the
+// relay when tx commits and vanish if it rolls back.
+func (w *Writer) Write(ctx context.Context, tx *sqlx.Tx, events []domain.Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	pub, err := wmsql.NewPublisher(wmsql.TxFromStdSQL(tx.Tx), wmsql.PublisherConfig{
+		SchemaAdapter: Schema(),
+	}, w.logger)
+	if err != nil {
+		return fmt.Errorf("outbox publisher: %w", err)
+	}
+	enveloped := forwarder.NewPublisher(pub, forwarder.PublisherConfig{ForwarderTopic: w.config.Topic})
+	for _, ev := range events {
+		msg, err := Encode(ev)
+		if err != nil {
+			return err
+		}
+		msg.SetContext(ctx)
+		if err := enveloped.Publish(Topic(ev.Type), msg); err != nil {
+			return fmt.Errorf("write event %s to outbox: %w", ev.ID, err)
+		}
+	}
+	return nil
+}
+
+// Initialize creates the outbox table and the relay offsets table if they do
+// not exist, with watermill-sql's own statements, so the tables are exactly
+// those Watermill's subscriber and forwarder expect. Concurrent callers are
+// serialised by the advisory lock those statements take.
+func Initialize(ctx context.Context, db *sqlx.DB, config Config) error {
+	if err := config.Validate(); err != nil {
+		return err
+	}
+	schemaQueries, err := Schema().SchemaInitializingQueries(wmsql.SchemaInitializingQueriesParams{Topic: config.Topic})
+	if err != nil {
+		return fmt.Errorf("outbox schema: %w", err)
+	}
+	offsetQueries, err := OffsetsAdapter().SchemaInitializingQueries(wmsql.OffsetsSchemaInitializingQueriesParams{Topic: config.Topic})
+	if err != nil {
+		return fmt.Errorf("outbox offsets schema: %w", err)
+	}
+	tx, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("initialize outbox: %w", err)
+	}
+	defer tx.Rollback()
+	for _, q := range append(schemaQueries, offsetQueries...) {
+		if _, err := tx.ExecContext(ctx, q.Query, q.Args...); err != nil {
+			return fmt.Errorf("initialize outbox %s: %w", config.Topic, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("initialize outbox %s: commit: %w", config.Topic, err)
+	}
+	return nil
+}

@@ -1,0 +1,106 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"sort"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// Migrate applies the *.sql files of migrations, in name order, that the
+// component named owner has not applied yet. Each file runs in its own
+// transaction together with the row that records it in
+// <owner>_schema_migrations, so a failed file leaves no trace.
+//
+// Several instances may call Migrate at once: a session-level advisory lock
+// keyed on owner makes them take turns, and the later ones find nothing to do.
+func Migrate(ctx context.Context, db *sqlx.DB, owner string, migrations fs.FS) error {
+	names, err := fs.Glob(migrations, "*.sql")
+	if err != nil {
+		return fmt.Errorf("list migrations of %s: %w", owner, err)
+	}
+	sort.Strings(names)
+
+	conn, err := db.Connx(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", owner, err)
+	}
+	defer conn.Close()
+
+	lock := advisoryKey("migrate:" + owner)
+	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, lock); err != nil {
+		return fmt.Errorf("migrate %s: take lock: %w", owner, err)
+	}
+	defer func() {
+		// The lock is released with the session in any case; unlocking early
+		// lets the next instance go on without waiting for the pool to close.
+		_, _ = conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, lock)
+	}()
+
+	table := owner + "_schema_migrations"
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (
+		name TEXT PRIMARY KEY,
+		applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+	)`); err != nil {
+		return fmt.Errorf("migrate %s: create %s: %w", owner, table, err)
+	}
+
+	applied := map[string]bool{}
+	rows, err := conn.QueryxContext(ctx, `SELECT name FROM `+table)
+	if err != nil {
+		return fmt.Errorf("migrate %s: read applied: %w", owner, err)
+	}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return fmt.Errorf("migrate %s: read applied: %w", owner, err)
+		}
+		applied[name] = true
+	}
+	if err := rows.Close(); err != nil {
+		return fmt.Errorf("migrate %s: read applied: %w", owner, err)
+	}
+
+	for _, name := range names {
+		if applied[name] {
+			continue
+		}
+		body, err := fs.ReadFile(migrations, name)
+		if err != nil {
+			return fmt.Errorf("migrate %s: read %s: %w", owner, name, err)
+		}
+		if err := applyMigration(ctx, conn, table, name, string(body)); err != nil {
+			return fmt.Errorf("migrate %s: apply %s: %w", owner, name, err)
+		}
+	}
+	return nil
+}
+
+func applyMigration(ctx context.Context, conn *sqlx.Conn, table, name, body string) error {
+	tx, err := conn.BeginTxx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if strings.TrimSpace(body) != "" {
+		if _, err := tx.ExecContext(ctx, body); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO `+table+` (name) VALUES ($1)`, name); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// advisoryKey maps a name to a key for pg_advisory_lock.
+func advisoryKey(name string) int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(name))
+	return int64(h.Sum64() & 0x7fffffffffffffff)
+}

@@ -1,0 +1,89 @@
+package rabbitmq
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+var _ wmamqp.Marshaler = Marshaler{}
+
+// Marshaler is a Watermill AMQP marshaler that publishes persistent messages
+// and never fails to unmarshal. Watermill's DefaultMarshaler refuses headers
+// that are not strings, such as the x-death table a dead-letter route adds or
+// the x-delivery-count number of quorum queues; the refused message is nacked
+// and redelivered forever. Marshaler instead turns such a header into text:
+// numbers and booleans with fmt, times as RFC 3339, tables and arrays as
+// JSON. A message without a usable UUID header gets an empty UUID and is left
+// for the handler's middleware to set aside.
+type Marshaler struct{}
+
+// Marshal implements wmamqp.Marshaler.
+func (Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
+	return wmamqp.DefaultMarshaler{}.Marshal(msg)
+}
+
+// Unmarshal implements wmamqp.Marshaler.
+func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
+	uuid, _ := d.Headers[wmamqp.DefaultMessageUUIDHeaderKey].(string)
+	msg := message.NewMessage(uuid, d.Body)
+	msg.Metadata = make(message.Metadata, len(d.Headers))
+	for key, value := range d.Headers {
+		if key == wmamqp.DefaultMessageUUIDHeaderKey {
+			continue
+		}
+		msg.Metadata[key] = headerText(value)
+	}
+	return msg, nil
+}
+
+// headerText renders an AMQP header value as text.
+func headerText(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	case time.Time:
+		return v.UTC().Format(time.RFC3339)
+	case nil:
+		return ""
+	case amqp.Table, []any:
+		b, err := json.Marshal(jsonable(v))
+		if err != nil {
+			return fmt.Sprint(v)
+		}
+		return string(b)
+	default:
+		return fmt.Sprint(v)
+	}
+}
+
+// jsonable converts AMQP table values into values encoding/json accepts
+// ([]byte as text, not base64; times as RFC 3339).
+func jsonable(v any) any {
+	switch v := v.(type) {
+	case amqp.Table:
+		m := make(map[string]any, len(v))
+		for k, x := range v {
+			m[k] = jsonable(x)
+		}
+		return m
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = jsonable(x)
+		}
+		return out
+	case []byte:
+		return string(v)
+	case time.Time:
+		return v.UTC().Format(time.RFC3339)
+	default:
+		return v
+	}
+}

@@ -1,0 +1,141 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Queue types a Queue may declare.
+const (
+	QueueClassic = "classic"
+	QueueQuorum  = "quorum"
+)
+
+// Topology is the set of exchanges, queues and bindings an application needs.
+// It is declared in full by every service before it publishes or consumes,
+// so an event published before its consumer ever ran waits in that
+// consumer's queue instead of being dropped by the exchange.
+type Topology struct {
+	// Exchange is the durable topic exchange events are published to.
+	Exchange string
+	// Queues are the consumers' queues and the routing keys bound to them.
+	Queues []Queue
+}
+
+// Queue is a durable queue bound to the topology's exchange.
+type Queue struct {
+	// Name of the queue.
+	Name string
+	// RoutingKeys bound to the queue on the exchange (the event types).
+	RoutingKeys []string
+	// Type is QueueClassic (default) or QueueQuorum.
+	Type string
+	// DeadLetterExchange, when set, receives messages the queue rejects.
+	DeadLetterExchange string
+}
+
+// Validate checks the topology.
+func (t Topology) Validate() error {
+	if t.Exchange == "" {
+		return errors.New("topology: empty exchange name")
+	}
+	seen := map[string]bool{}
+	for _, q := range t.Queues {
+		if q.Name == "" {
+			return errors.New("topology: queue with empty name")
+		}
+		if seen[q.Name] {
+			return fmt.Errorf("topology: queue %s declared twice", q.Name)
+		}
+		seen[q.Name] = true
+		if len(q.RoutingKeys) == 0 {
+			return fmt.Errorf("topology: queue %s has no routing key", q.Name)
+		}
+		switch q.Type {
+		case "", QueueClassic, QueueQuorum:
+		default:
+			return fmt.Errorf("topology: queue %s: unknown type %q (want %s or %s)", q.Name, q.Type, QueueClassic, QueueQuorum)
+		}
+	}
+	return nil
+}
+
+// QueueArgs returns the arguments q is declared with.
+func (q Queue) QueueArgs() amqp.Table {
+	args := amqp.Table{}
+	if q.Type == QueueQuorum {
+		args["x-queue-type"] = QueueQuorum
+	}
+	if q.DeadLetterExchange != "" {
+		args["x-dead-letter-exchange"] = q.DeadLetterExchange
+	}
+	return args
+}
+
+// Declare declares the exchange, the queues and their bindings on the broker
+// at url. Declaring is idempotent; a queue that exists with other arguments
+// makes it fail.
+func Declare(ctx context.Context, url string, t Topology) error {
+	if err := t.Validate(); err != nil {
+		return err
+	}
+	conn, err := Dial(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("declare topology: open channel: %w", err)
+	}
+	defer ch.Close()
+
+	if err := ch.ExchangeDeclare(t.Exchange, "topic", true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %s: %w", t.Exchange, err)
+	}
+	for _, q := range t.Queues {
+		if _, err := ch.QueueDeclare(q.Name, true, false, false, false, q.QueueArgs()); err != nil {
+			return fmt.Errorf("declare queue %s: %w", q.Name, err)
+		}
+		for _, key := range q.RoutingKeys {
+			if err := ch.QueueBind(q.Name, key, t.Exchange, false, nil); err != nil {
+				return fmt.Errorf("bind queue %s to %s with %s: %w", q.Name, t.Exchange, key, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Dial connects to the broker at url, giving up when ctx ends or after ten
+// seconds.
+func Dial(ctx context.Context, url string) (*amqp.Connection, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	type result struct {
+		conn *amqp.Connection
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
+		done <- result{conn, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			return nil, fmt.Errorf("connect to broker: %w", r.err)
+		}
+		return r.conn, nil
+	case <-ctx.Done():
+		go func() {
+			if r := <-done; r.conn != nil {
+				_ = r.conn.Close()
+			}
+		}()
+		return nil, fmt.Errorf("connect to broker: %w", ctx.Err())
+	}
+}

@@ -1,0 +1,70 @@
+package rabbitmq
+
+import (
+	"github.com/ThreeDotsLabs/watermill"
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// PublisherConfig is the Watermill AMQP publisher configuration of a relay:
+// topics are routing keys on the durable topic exchange, messages are
+// persistent and every publish waits for the broker's confirm.
+func PublisherConfig(url, exchange string) wmamqp.Config {
+	return wmamqp.Config{
+		Connection: wmamqp.ConnectionConfig{AmqpURI: url, Reconnect: wmamqp.DefaultReconnectConfig()},
+		Marshaler:  Marshaler{},
+		Exchange: wmamqp.ExchangeConfig{
+			GenerateName: wmamqp.GenerateExchangeNameConstant(exchange),
+			Type:         "topic",
+			Durable:      true,
+		},
+		Publish: wmamqp.PublishConfig{
+			GenerateRoutingKey: func(topic string) string { return topic },
+			ConfirmDelivery:    true,
+			ChannelPoolSize:    1,
+		},
+		TopologyBuilder: &wmamqp.DefaultTopologyBuilder{},
+	}
+}
+
+// SubscriberConfig is the Watermill AMQP subscriber configuration of a
+// consumer of queue, which Declare has already declared and bound: the
+// subscriber only consumes. prefetch bounds the unacknowledged deliveries in
+// flight.
+func SubscriberConfig(url, exchange, queue string, prefetch int) wmamqp.Config {
+	return wmamqp.Config{
+		Connection: wmamqp.ConnectionConfig{AmqpURI: url, Reconnect: wmamqp.DefaultReconnectConfig()},
+		Marshaler:  Marshaler{},
+		Exchange: wmamqp.ExchangeConfig{
+			GenerateName: wmamqp.GenerateExchangeNameConstant(exchange),
+			Type:         "topic",
+			Durable:      true,
+		},
+		Queue: wmamqp.QueueConfig{
+			GenerateName: wmamqp.GenerateQueueNameConstant(queue),
+			Durable:      true,
+		},
+		QueueBind: wmamqp.QueueBindConfig{
+			GenerateRoutingKey: func(topic string) string { return topic },
+		},
+		Publish: wmamqp.PublishConfig{
+			GenerateRoutingKey: func(topic string) string { return topic },
+		},
+		Consume: wmamqp.ConsumeConfig{
+			Qos: wmamqp.QosConfig{PrefetchCount: prefetch},
+		},
+		TopologyBuilder: declaredTopology{},
+	}
+}
+
+// declaredTopology is a Watermill topology builder that declares nothing:
+// the topology was declared up front by Declare.
+type declaredTopology struct{}
+
+func (declaredTopology) BuildTopology(*amqp.Channel, wmamqp.BuildTopologyParams, wmamqp.Config, watermill.LoggerAdapter) error {
+	return nil
+}
+
+func (declaredTopology) ExchangeDeclare(*amqp.Channel, string, wmamqp.Config) error {
+	return nil
+}

@@ -1,0 +1,161 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+)
+
+// Config configures a relay.
+type Config struct {
+	// Outbox is the outbox to read.
+	Outbox outbox.Config
+	// AMQPURL is the broker to publish to.
+	AMQPURL string
+	// Exchange is the durable topic exchange events are published to.
+	Exchange string
+	// ConsumerGroup names the relay's position in the offsets table; relays
+	// with the same group share one position. Default "relay".
+	ConsumerGroup string
+	// PollInterval is how often the outbox is polled when it is empty.
+	// Default 1 s (watermill-sql's own default).
+	PollInterval time.Duration
+	// Logger receives the relay's logs; default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.ConsumerGroup == "" {
+		c.ConsumerGroup = "relay"
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Validate checks the configuration after defaults are applied.
+func (c Config) Validate() error {
+	c.setDefaults()
+	if err := c.Outbox.Validate(); err != nil {
+		return err
+	}
+	if c.AMQPURL == "" {
+		return errors.New("relay: empty AMQP URL")
+	}
+	if c.Exchange == "" {
+		return errors.New("relay: empty exchange")
+	}
+	if c.PollInterval < 0 {
+		return errors.New("relay: negative poll interval")
+	}
+	return nil
+}
+
+// Forwarder is Watermill's forwarder from the outbox to RabbitMQ.
+type Forwarder struct {
+	fwd       *forwarder.Forwarder
+	publisher *wmamqp.Publisher
+	sub       *wmsql.Subscriber
+}
+
+// NewForwarder wires Watermill's forwarder from the outbox in db to the
+// broker. It does not start it; call Run.
+func NewForwarder(db *sqlx.DB, config Config) (*Forwarder, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	logger := watermill.NewSlogLogger(config.Logger)
+	sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromStdSQL(db.DB), wmsql.SubscriberConfig{
+		ConsumerGroup:  config.ConsumerGroup,
+		PollInterval:   config.PollInterval,
+		SchemaAdapter:  outbox.Schema(),
+		OffsetsAdapter: outbox.OffsetsAdapter(),
+	}, logger)
+	if err != nil {
+		return nil, fmt.Errorf("relay: outbox subscriber: %w", err)
+	}
+	pub, err := wmamqp.NewPublisher(rabbitmq.PublisherConfig(config.AMQPURL, config.Exchange), logger)
+	if err != nil {
+		_ = sub.Close()
+		return nil, fmt.Errorf("relay: broker publisher: %w", err)
+	}
+	sa := &unwrapGuard{db: db, outbox: config.Outbox.Topic, logger: config.Logger}
+	fwd, err := forwarder.NewForwarder(sub, pub, logger, forwarder.Config{
+		ForwarderTopic: config.Outbox.Topic,
+		Middlewares:    []message.HandlerMiddleware{sa.middleware},
+	})
+	if err != nil {
+		_ = pub.Close()
+		_ = sub.Close()
+		return nil, fmt.Errorf("relay: forwarder: %w", err)
+	}
+	return &Forwarder{fwd: fwd, publisher: pub, sub: sub}, nil
+}
+
+// Run forwards until ctx ends or Close is called.
+func (f *Forwarder) Run(ctx context.Context) error {
+	return f.fwd.Run(ctx)
+}
+
+// Running is closed once the forwarder runs.
+func (f *Forwarder) Running() <-chan struct{} { return f.fwd.Running() }
+
+// Close stops forwarding, waiting for the message in flight, and closes the
+// broker connection.
+func (f *Forwarder) Close() error {
+	return errors.Join(f.fwd.Close(), f.publisher.Close(), f.sub.Close())
+}
+
+// unwrapGuard sets aside an outbox row that is not a forwarder envelope, so
+// that it does not block every row behind it (Watermill's forwarder would
+// nack it forever, or with AckWhenCannotUnwrap drop it with a log line).
+type unwrapGuard struct {
+	db     *sqlx.DB
+	outbox string
+	logger *slog.Logger
+}
+
+func (g *unwrapGuard) middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		var env struct {
+			DestinationTopic string `json:"destination_topic"`
+		}
+		if err := json.Unmarshal(msg.Payload, &env); err == nil && env.DestinationTopic != "" {
+			return h(msg)
+		}
+		reason := "not a forwarder envelope (no destination_topic)"
+		if err := SetAsideRow(msg.Context(), g.db, g.outbox, msg.UUID, msg.Payload, reason); err != nil {
+			return nil, err
+		}
+		g.logger.Warn("outbox row set aside", "outbox", g.outbox, "message_id", msg.UUID, "reason", reason)
+		return nil, nil
+	}
+}
+
+// SetAsideRow records an outbox row the relay cannot forward in
+// outbox_set_aside.
+func SetAsideRow(ctx context.Context, db sqlx.ExecerContext, outboxTopic, uuid string, payload []byte, reason string) error {
+	if _, err := db.ExecContext(ctx, `
+		INSERT INTO outbox_set_aside (outbox, message_id, payload, reason) VALUES ($1, $2, $3, $4)`,
+		outboxTopic, uuid, payload, reason); err != nil {
+		return fmt.Errorf("set aside outbox row %s: %w", uuid, err)
+	}
+	return nil
+}

@@ -1,0 +1,65 @@
+// Command orders runs the orders service: the orders HTTP API and the relay
+// forwarding its outbox to RabbitMQ.
+//
+// Settings come from flags, whose defaults come from the environment
+// (DATABASE_URL, AMQP_URL, HTTP_ADDR, OUTBOXMILL_NAMESPACE, ...) and then from
+// defaults that work against local services. SIGINT or SIGTERM drains
+// in-flight work and exits.
+package main
+
+import (
+	"flag"
+	"os"
+	"time"
+
+	"github.com/outboxmill/outboxmill/internal/cli"
+	"github.com/outboxmill/outboxmill/services"
+	"github.com/outboxmill/outboxmill/services/orders"
+)
+
+func main() { os.Exit(run(os.Args[1:])) }
+
+func run(args []string) int {
+	const name = "orders"
+	pollDefault, err := cli.EnvDuration("RELAY_POLL_INTERVAL", time.Second)
+	if err != nil {
+		return cli.Fail(name, err)
+	}
+	relay, err := cli.EnvBool("RELAY", true)
+	if err != nil {
+		return cli.Fail(name, err)
+	}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	var cfg orders.Config
+	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.Env("DATABASE_URL", cli.DefaultDatabaseURL), "PostgreSQL URL (env DATABASE_URL)")
+	fs.StringVar(&cfg.AMQPURL, "amqp-url", cli.Env("AMQP_URL", cli.DefaultAMQPURL), "RabbitMQ URL with virtual host (env AMQP_URL)")
+	fs.StringVar(&cfg.HTTPAddr, "http-addr", cli.Env("HTTP_ADDR", "127.0.0.1:8080"), "HTTP listen address (env HTTP_ADDR)")
+	fs.StringVar(&cfg.Namespace, "namespace", cli.Env("OUTBOXMILL_NAMESPACE", services.DefaultNamespace), "prefix of exchange and queue names (env OUTBOXMILL_NAMESPACE)")
+	fs.StringVar(&cfg.QueueType, "queue-type", cli.Env("QUEUE_TYPE", "classic"), "type of the queues declared: classic or quorum (env QUEUE_TYPE)")
+	fs.BoolVar(&relay, "relay", relay, "run the relay in this process (env RELAY=true|false)")
+	fs.DurationVar(&cfg.RelayPollInterval, "relay-poll-interval", pollDefault, "how often the relay polls an empty outbox (env RELAY_POLL_INTERVAL)")
+	logLevel := fs.String("log-level", cli.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
+	if ok, code := cli.Parse(fs, args); !ok {
+		return code
+	}
+	cfg.Relay = &relay
+	logger, err := cli.NewLogger(*logLevel)
+	if err != nil {
+		return cli.Fail(name, err)
+	}
+	cfg.Logger = logger
+	if err := cfg.Validate(); err != nil {
+		return cli.Fail(name, err)
+	}
+
+	ctx, stop := cli.SignalContext()
+	defer stop()
+	svc, err := orders.New(ctx, cfg)
+	if err != nil {
+		return cli.Fail(name, err)
+	}
+	if err := svc.Run(ctx); err != nil {
+		return cli.Fail(name, err)
+	}
+	return 0
+}

@@ -1,0 +1,56 @@
+// Command settlement runs the settlement service: it consumes OrderPaid
+// events, appends each order's ledger entries exactly once in effect, and
+// serves them over HTTP.
+//
+// Settings come from flags, whose defaults come from the environment
+// (DATABASE_URL, AMQP_URL, HTTP_ADDR, OUTBOXMILL_NAMESPACE, ...) and then from
+// defaults that work against local services. SIGINT or SIGTERM drains
+// in-flight work and exits.
+package main
+
+import (
+	"flag"
+	"os"
+
+	"github.com/outboxmill/outboxmill/internal/cli"
+	"github.com/outboxmill/outboxmill/services"
+	"github.com/outboxmill/outboxmill/services/settlement"
+)
+
+func main() { os.Exit(run(os.Args[1:])) }
+
+func run(args []string) int {
+	const name = "settlement"
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	var cfg settlement.Config
+	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.Env("DATABASE_URL", cli.DefaultDatabaseURL), "PostgreSQL URL (env DATABASE_URL)")
+	fs.StringVar(&cfg.AMQPURL, "amqp-url", cli.Env("AMQP_URL", cli.DefaultAMQPURL), "RabbitMQ URL with virtual host (env AMQP_URL)")
+	fs.StringVar(&cfg.HTTPAddr, "http-addr", cli.Env("HTTP_ADDR", "127.0.0.1:8081"), "HTTP listen address (env HTTP_ADDR)")
+	fs.StringVar(&cfg.Namespace, "namespace", cli.Env("OUTBOXMILL_NAMESPACE", services.DefaultNamespace), "prefix of exchange and queue names (env OUTBOXMILL_NAMESPACE)")
+	fs.StringVar(&cfg.QueueType, "queue-type", cli.Env("QUEUE_TYPE", "classic"), "type of the queues declared: classic or quorum (env QUEUE_TYPE)")
+	fs.IntVar(&cfg.Prefetch, "prefetch", 64, "deliveries in flight to the consumer")
+	fs.IntVar(&cfg.Retry.MaxRetries, "max-retries", 4, "retries of a failing message before it is set aside")
+	logLevel := fs.String("log-level", cli.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
+	if ok, code := cli.Parse(fs, args); !ok {
+		return code
+	}
+	logger, err := cli.NewLogger(*logLevel)
+	if err != nil {
+		return cli.Fail(name, err)
+	}
+	cfg.Logger = logger
+	if err := cfg.Validate(); err != nil {
+		return cli.Fail(name, err)
+	}
+
+	ctx, stop := cli.SignalContext()
+	defer stop()
+	svc, err := settlement.New(ctx, cfg)
+	if err != nil {
+		return cli.Fail(name, err)
+	}
+	if err := svc.Run(ctx); err != nil {
+		return cli.Fail(name, err)
+	}
+	return 0
+}

@@ -1,0 +1,98 @@
+// Package cli holds what the commands share: reading settings from flags with
+// defaults taken from the environment, logging set-up, and running a service
+// until SIGINT or SIGTERM.
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Default local services, used when neither a flag nor the environment says
+// otherwise.
+const (
+	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	DefaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
+)
+
+// Env returns the environment variable name, or def when it is unset or empty.
+func Env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// EnvDuration is Env for a duration; a malformed value is an error.
+func EnvDuration(name string, def time.Duration) (time.Duration, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", name, err)
+	}
+	return d, nil
+}
+
+// EnvBool is Env for a boolean (true/false, 1/0); a malformed value is an
+// error.
+func EnvBool(name string, def bool) (bool, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("%s: want true or false, got %q", name, v)
+	}
+	return b, nil
+}
+
+// NewLogger returns a text logger on stderr at the named level (debug, info,
+// warn, error).
+func NewLogger(level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
+		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+// SignalContext returns a context cancelled on SIGINT or SIGTERM.
+func SignalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// Parse parses args with fs and rejects positional arguments. It prints
+// errors itself and returns the exit code to use when it fails (0 for -h).
+func Parse(fs *flag.FlagSet, args []string) (ok bool, code int) {
+	fs.SetOutput(os.Stderr)
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return false, 0
+		}
+		return false, 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		fs.Usage()
+		return false, 2
+	}
+	return true, 0
+}
+
+// Fail prints err for the command named cmd and returns exit code 1.
+func Fail(cmd string, err error) int {
+	fmt.Fprintf(os.Stderr, "%s: %v\n", cmd, err)
+	return 1
+}

@@ -1,0 +1,104 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+)
+
+// ErrNoEventID is returned (as a Permanent error) for a message without an
+// event id: it cannot be deduplicated, so it is not handled.
+var ErrNoEventID = errors.New("message has no event id")
+
+type txKey struct{}
+
+// Tx returns the transaction Dedup opened for the message whose context is
+// ctx. Handlers behind Dedup make their writes through it, so that their
+// effect and the processed_events marker commit or roll back together.
+func Tx(ctx context.Context) (*sqlx.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(*sqlx.Tx)
+	return tx, ok
+}
+
+// Dedup makes a handler idempotent per event: for each message it opens a
+// transaction, inserts (message UUID, Handler) into the processed_events
+// table and, only if that row is new, runs the handler with the transaction
+// in the message's context (see Tx), then commits. A message whose row exists
+// was processed before; it is acked with no effect.
+//
+// Two deliveries of one event racing in two consumers are serialised by the
+// primary key: the second insert waits for the first transaction and then
+// finds the row.
+type Dedup struct {
+	// DB is the database holding the handler's tables and processed_events.
+	// Required.
+	DB *sqlx.DB
+	// Handler names the handler; an event is processed once per name.
+	// Required.
+	Handler string
+	// Table is the dedup table; default "processed_events".
+	Table string
+	// OnDuplicate, when set, is called for each message skipped as a
+	// duplicate.
+	OnDuplicate func(msg *message.Message)
+}
+
+// Validate checks the configuration.
+func (d Dedup) Validate() error {
+	if d.DB == nil {
+		return errors.New("dedup: no database")
+	}
+	if d.Handler == "" {
+		return errors.New("dedup: no handler name")
+	}
+	return nil
+}
+
+// Middleware implements the dedup behaviour around h.
+func (d Dedup) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	table := d.Table
+	if table == "" {
+		table = "processed_events"
+	}
+	insert := `INSERT INTO ` + table + ` (event_id, handler) VALUES ($1, $2) ON CONFLICT DO NOTHING`
+	return func(msg *message.Message) ([]*message.Message, error) {
+		if msg.UUID == "" {
+			return nil, Permanent(ErrNoEventID)
+		}
+		ctx := msg.Context()
+		tx, err := d.DB.BeginTxx(ctx, nil)
+		if err != nil {
+			return nil, fmt.Errorf("dedup: begin: %w", err)
+		}
+		defer tx.Rollback()
+
+		res, err := tx.ExecContext(ctx, insert, msg.UUID, d.Handler)
+		if err != nil {
+			return nil, fmt.Errorf("dedup: mark event %s: %w", msg.UUID, err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return nil, fmt.Errorf("dedup: mark event %s: %w", msg.UUID, err)
+		}
+		if n == 0 {
+			if d.OnDuplicate != nil {
+				d.OnDuplicate(msg)
+			}
+			return nil, nil
+		}
+
+		msg.SetContext(context.WithValue(ctx, txKey{}, tx))
+		defer msg.SetContext(ctx)
+		out, err := h(msg)
+		if err != nil {
+			return nil, err
+		}
+		if err := tx.Commit(); err != nil {
+			return nil, fmt.Errorf("dedup: commit event %s: %w", msg.UUID, err)
+		}
+		return out, nil
+	}
+}

@@ -1,0 +1,20 @@
+// Package middleware holds reusable Watermill handler middleware for
+// consumers of outbox events:
+//
+//   - Recoverer turns a handler panic into an error;
+//   - Retry retries a failing handler with exponential backoff, a bounded
+//     number of times, and never retries a Permanent error;
+//   - SetAside stores a message that still fails, with the reason, and acks
+//     it so that the messages behind it keep flowing;
+//   - Dedup records each (event id, handler) pair in processed_events in the
+//     same transaction as the handler's own writes, so a redelivered event has
+//     no second effect.
+//
+// The usual order, outermost first, is
+//
+//	router.AddMiddleware(middleware.Recoverer) // on the router or handler
+//	handler.AddMiddleware(setAside.Middleware, retry.Middleware, dedup.Middleware)
+//
+// so that a panic inside the handler is retried, and a message is set aside
+// only after its last attempt.
+package middleware

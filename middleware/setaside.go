@@ -1,0 +1,100 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// SetAsideMessage is a message a handler could not process.
+type SetAsideMessage struct {
+	Handler   string
+	MessageID string
+	Topic     string
+	Payload   []byte
+	Metadata  map[string]string
+	Reason    string
+	Attempts  int
+	At        time.Time
+}
+
+// SetAsideStore keeps set-aside messages until an operator replays or
+// discards them.
+type SetAsideStore interface {
+	SetAside(ctx context.Context, m SetAsideMessage) error
+}
+
+// SetAside stores a message whose handler still fails after its retries, then
+// acks it, so that one poisonous message does not block the ones behind it.
+type SetAside struct {
+	// Store keeps the set-aside messages. Required.
+	Store SetAsideStore
+	// Handler names the handler, recorded with each message. Required.
+	Handler string
+	// Topic is recorded with each message (the queue or topic it came from).
+	Topic string
+	// IsTransient, when set, reports errors caused by the infrastructure
+	// (a database that cannot be reached) rather than by the message. Such a
+	// message is not set aside but nacked, so it is redelivered later.
+	IsTransient func(error) bool
+	// OnSetAside, when set, is called after a message was set aside.
+	OnSetAside func(m SetAsideMessage)
+	// Logger receives a warning per set-aside message; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Validate checks the configuration.
+func (s SetAside) Validate() error {
+	if s.Store == nil {
+		return errors.New("set-aside: no store")
+	}
+	if s.Handler == "" {
+		return errors.New("set-aside: no handler name")
+	}
+	return nil
+}
+
+// Middleware implements the set-aside behaviour around h. A message is not set
+// aside while its context is cancelled (the service is shutting down): it is
+// nacked and will be redelivered. If storing fails, the message is nacked too.
+func (s SetAside) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	logger := s.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return func(msg *message.Message) ([]*message.Message, error) {
+		out, err := h(msg)
+		if err == nil {
+			return out, nil
+		}
+		if msg.Context().Err() != nil {
+			return nil, err
+		}
+		if !IsPermanent(err) && s.IsTransient != nil && s.IsTransient(err) {
+			return nil, err
+		}
+		m := SetAsideMessage{
+			Handler:   s.Handler,
+			MessageID: msg.UUID,
+			Topic:     s.Topic,
+			Payload:   msg.Payload,
+			Metadata:  msg.Metadata,
+			Reason:    err.Error(),
+			Attempts:  attempts(err),
+			At:        time.Now().UTC(),
+		}
+		if storeErr := s.Store.SetAside(msg.Context(), m); storeErr != nil {
+			return nil, errors.Join(err, fmt.Errorf("set message %s aside: %w", msg.UUID, storeErr))
+		}
+		logger.Warn("message set aside",
+			"handler", s.Handler, "message_id", msg.UUID, "attempts", m.Attempts, "reason", m.Reason)
+		if s.OnSetAside != nil {
+			s.OnSetAside(m)
+		}
+		return nil, nil
+	}
+}

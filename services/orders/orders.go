@@ -1,0 +1,220 @@
+// Package orders assembles the orders service: its HTTP API, the order
+// repository writing to the outbox, and the relay forwarding the outbox to
+// RabbitMQ.
+package orders
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/adapters/relay"
+	"github.com/outboxmill/outboxmill/app"
+	"github.com/outboxmill/outboxmill/handlers/httpapi"
+	"github.com/outboxmill/outboxmill/services"
+)
+
+// Config configures the orders service.
+type Config struct {
+	// DatabaseURL is the service's PostgreSQL database. Required.
+	DatabaseURL string
+	// AMQPURL is the RabbitMQ broker, virtual host included. Required.
+	AMQPURL string
+	// HTTPAddr is the address the API listens on; ":0" picks a free port.
+	HTTPAddr string
+	// Namespace prefixes the broker objects; default services.DefaultNamespace.
+	Namespace string
+	// QueueType is the type of the consumers' queues the service declares
+	// (rabbitmq.QueueClassic or QueueQuorum); default classic.
+	QueueType string
+	// Relay enables the relay in this process; default true.
+	Relay *bool
+	// RelayPollInterval is how often the relay polls an empty outbox.
+	RelayPollInterval time.Duration
+	// MaxDBConns bounds the database connection pool; default 16.
+	MaxDBConns int
+	// ShutdownTimeout bounds the drain of in-flight work on shutdown;
+	// default 20 s.
+	ShutdownTimeout time.Duration
+	// Logger receives the service's logs; default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = "127.0.0.1:8080"
+	}
+	if c.Namespace == "" {
+		c.Namespace = services.DefaultNamespace
+	}
+	if c.QueueType == "" {
+		c.QueueType = rabbitmq.QueueClassic
+	}
+	if c.Relay == nil {
+		on := true
+		c.Relay = &on
+	}
+	if c.MaxDBConns == 0 {
+		c.MaxDBConns = 16
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 20 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Validate checks the configuration after defaults are applied.
+func (c Config) Validate() error {
+	c.setDefaults()
+	var errs []error
+	if c.DatabaseURL == "" {
+		errs = append(errs, errors.New("empty database URL"))
+	}
+	if c.AMQPURL == "" {
+		errs = append(errs, errors.New("empty AMQP URL"))
+	}
+	if err := services.ValidateNamespace(c.Namespace); err != nil {
+		errs = append(errs, err)
+	}
+	if c.QueueType != rabbitmq.QueueClassic && c.QueueType != rabbitmq.QueueQuorum {
+		errs = append(errs, fmt.Errorf("queue type %q is neither %s nor %s", c.QueueType, rabbitmq.QueueClassic, rabbitmq.QueueQuorum))
+	}
+	if c.RelayPollInterval < 0 || c.MaxDBConns < 0 || c.ShutdownTimeout < 0 {
+		errs = append(errs, errors.New("durations and sizes must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// Service is a running orders service.
+type Service struct {
+	config   Config
+	db       *sqlx.DB
+	relay    *relay.Forwarder
+	server   *http.Server
+	listener net.Listener
+}
+
+// New connects to the database and the broker, applies migrations, declares
+// the topology and listens on HTTPAddr. Run serves.
+func New(ctx context.Context, config Config) (s *Service, err error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, fmt.Errorf("orders config: %w", err)
+	}
+	s = &Service{config: config}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+
+	s.db, err = postgres.Open(ctx, config.DatabaseURL, config.MaxDBConns)
+	if err != nil {
+		return nil, err
+	}
+	if err := postgres.Migrate(ctx, s.db, "orders", postgres.OrdersMigrations()); err != nil {
+		return nil, err
+	}
+	outboxConfig := outbox.DefaultConfig()
+	if err := outbox.Initialize(ctx, s.db, outboxConfig); err != nil {
+		return nil, err
+	}
+	names := services.Names{Namespace: config.Namespace}
+	if err := rabbitmq.Declare(ctx, config.AMQPURL, services.Topology(names, config.QueueType)); err != nil {
+		return nil, err
+	}
+
+	writer, err := outbox.NewWriter(outboxConfig, watermill.NewSlogLogger(config.Logger))
+	if err != nil {
+		return nil, err
+	}
+	repo := postgres.NewOrderRepository(s.db, writer, nil)
+	if *config.Relay {
+		s.relay, err = relay.NewForwarder(s.db, relay.Config{
+			Outbox:       outboxConfig,
+			AMQPURL:      config.AMQPURL,
+			Exchange:     names.Exchange(),
+			PollInterval: config.RelayPollInterval,
+			Logger:       config.Logger,
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+
+	s.listener, err = net.Listen("tcp", config.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", config.HTTPAddr, err)
+	}
+	s.server = &http.Server{
+		Handler:           httpapi.NewHandler(httpapi.NewOrders(app.NewOrders(repo), config.Logger)),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	return s, nil
+}
+
+// Addr returns the address the HTTP API listens on.
+func (s *Service) Addr() string { return s.listener.Addr().String() }
+
+// Run serves the API and runs the relay until ctx ends, then drains: the
+// server finishes in-flight requests, the relay finishes the publish in
+// flight, and the connections close in reverse order of opening.
+func (s *Service) Run(ctx context.Context) error {
+	defer s.close()
+	logger := s.config.Logger
+	errc := make(chan error, 2)
+	go func() {
+		if err := s.server.Serve(s.listener); !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("http server: %w", err)
+		}
+	}()
+	relayDone := make(chan struct{})
+	if s.relay != nil {
+		go func() {
+			defer close(relayDone)
+			if err := s.relay.Run(context.WithoutCancel(ctx)); err != nil {
+				errc <- fmt.Errorf("relay: %w", err)
+			}
+		}()
+	} else {
+		close(relayDone)
+	}
+	logger.Info("orders service running", "http_addr", s.Addr(), "relay", s.relay != nil)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	logger.Info("orders service draining")
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.config.ShutdownTimeout)
+	defer cancel()
+	err := s.server.Shutdown(shutdownCtx)
+	if s.relay != nil {
+		err = errors.Join(err, s.relay.Close())
+		<-relayDone
+	}
+	logger.Info("orders service stopped")
+	return errors.Join(runErr, err)
+}
+
+func (s *Service) close() {
+	if s.listener != nil {
+		_ = s.listener.Close()
+	}
+	if s.db != nil {
+		_ = s.db.Close()
+	}
+}

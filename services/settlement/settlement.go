@@ -1,0 +1,224 @@
+// Package settlement assembles the settlement service: the OrderPaid consumer
+// behind the recover, set-aside, retry and dedup middleware, and the HTTP API
+// showing an order's ledger entries.
+package settlement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/domain"
+	"github.com/outboxmill/outboxmill/handlers/httpapi"
+	"github.com/outboxmill/outboxmill/handlers/settle"
+	"github.com/outboxmill/outboxmill/middleware"
+	"github.com/outboxmill/outboxmill/services"
+)
+
+// Config configures the settlement service.
+type Config struct {
+	// DatabaseURL is the service's PostgreSQL database. Required.
+	DatabaseURL string
+	// AMQPURL is the RabbitMQ broker, virtual host included. Required.
+	AMQPURL string
+	// HTTPAddr is the address the API listens on; ":0" picks a free port.
+	HTTPAddr string
+	// Namespace prefixes the broker objects; default services.DefaultNamespace.
+	Namespace string
+	// QueueType is the type of the queues the service declares
+	// (rabbitmq.QueueClassic or QueueQuorum); default classic.
+	QueueType string
+	// Prefetch bounds the deliveries in flight to the consumer; default 64.
+	Prefetch int
+	// Retry configures the handler's retries before a message is set aside.
+	Retry middleware.Retry
+	// MaxDBConns bounds the database connection pool; default 8.
+	MaxDBConns int
+	// ShutdownTimeout bounds the drain of in-flight work on shutdown;
+	// default 20 s.
+	ShutdownTimeout time.Duration
+	// Logger receives the service's logs; default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = "127.0.0.1:8081"
+	}
+	if c.Namespace == "" {
+		c.Namespace = services.DefaultNamespace
+	}
+	if c.QueueType == "" {
+		c.QueueType = rabbitmq.QueueClassic
+	}
+	if c.Prefetch == 0 {
+		c.Prefetch = 64
+	}
+	if c.MaxDBConns == 0 {
+		c.MaxDBConns = 8
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 20 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Validate checks the configuration after defaults are applied.
+func (c Config) Validate() error {
+	c.setDefaults()
+	var errs []error
+	if c.DatabaseURL == "" {
+		errs = append(errs, errors.New("empty database URL"))
+	}
+	if c.AMQPURL == "" {
+		errs = append(errs, errors.New("empty AMQP URL"))
+	}
+	if err := services.ValidateNamespace(c.Namespace); err != nil {
+		errs = append(errs, err)
+	}
+	if c.QueueType != rabbitmq.QueueClassic && c.QueueType != rabbitmq.QueueQuorum {
+		errs = append(errs, fmt.Errorf("queue type %q is neither %s nor %s", c.QueueType, rabbitmq.QueueClassic, rabbitmq.QueueQuorum))
+	}
+	if c.Prefetch < 0 || c.MaxDBConns < 0 || c.ShutdownTimeout < 0 {
+		errs = append(errs, errors.New("durations and sizes must not be negative"))
+	}
+	if err := c.Retry.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Service is a running settlement service.
+type Service struct {
+	config     Config
+	db         *sqlx.DB
+	subscriber *wmamqp.Subscriber
+	router     *message.Router
+	server     *http.Server
+	listener   net.Listener
+}
+
+// New connects to the database and the broker, applies migrations, declares
+// the topology, sets up the consumer and listens on HTTPAddr. Run serves.
+func New(ctx context.Context, config Config) (s *Service, err error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, fmt.Errorf("settlement config: %w", err)
+	}
+	s = &Service{config: config}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+
+	s.db, err = postgres.Open(ctx, config.DatabaseURL, config.MaxDBConns)
+	if err != nil {
+		return nil, err
+	}
+	if err := postgres.Migrate(ctx, s.db, "settlement", postgres.SettlementMigrations()); err != nil {
+		return nil, err
+	}
+	names := services.Names{Namespace: config.Namespace}
+	if err := rabbitmq.Declare(ctx, config.AMQPURL, services.Topology(names, config.QueueType)); err != nil {
+		return nil, err
+	}
+
+	wmLogger := watermill.NewSlogLogger(config.Logger)
+	s.subscriber, err = wmamqp.NewSubscriber(
+		rabbitmq.SubscriberConfig(config.AMQPURL, names.Exchange(), names.SettlementQueue(), config.Prefetch), wmLogger)
+	if err != nil {
+		return nil, fmt.Errorf("settlement subscriber: %w", err)
+	}
+	s.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: config.ShutdownTimeout}, wmLogger)
+	if err != nil {
+		return nil, fmt.Errorf("settlement router: %w", err)
+	}
+	ledger := postgres.NewSettlementLedger(s.db)
+	handler := s.router.AddConsumerHandler(settle.HandlerName, domain.EventOrderPaid, s.subscriber, settle.NewHandler(ledger).Handle)
+	handler.AddMiddleware(
+		middleware.SetAside{
+			Store:   postgres.NewSetAsideStore(s.db),
+			Handler: settle.HandlerName,
+			Topic:   names.SettlementQueue(),
+			Logger:  config.Logger,
+		}.Middleware,
+		config.Retry.Middleware,
+		middleware.Recoverer,
+		middleware.Dedup{DB: s.db, Handler: settle.HandlerName}.Middleware,
+	)
+
+	s.listener, err = net.Listen("tcp", config.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", config.HTTPAddr, err)
+	}
+	s.server = &http.Server{
+		Handler:           httpapi.NewHandler(httpapi.NewSettlements(ledger, config.Logger)),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	return s, nil
+}
+
+// Addr returns the address the HTTP API listens on.
+func (s *Service) Addr() string { return s.listener.Addr().String() }
+
+// Run consumes and serves until ctx ends, then drains: the router stops
+// taking messages and waits for the handlers in flight, the server finishes
+// its requests, and the connections close in reverse order of opening.
+func (s *Service) Run(ctx context.Context) error {
+	defer s.close()
+	logger := s.config.Logger
+	errc := make(chan error, 2)
+	go func() {
+		if err := s.server.Serve(s.listener); !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("http server: %w", err)
+		}
+	}()
+	routerDone := make(chan struct{})
+	go func() {
+		defer close(routerDone)
+		if err := s.router.Run(context.WithoutCancel(ctx)); err != nil {
+			errc <- fmt.Errorf("router: %w", err)
+		}
+	}()
+	logger.Info("settlement service running", "http_addr", s.Addr(), "queue", services.Names{Namespace: s.config.Namespace}.SettlementQueue())
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+	}
+	logger.Info("settlement service draining")
+	err := s.router.Close()
+	<-routerDone
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.config.ShutdownTimeout)
+	defer cancel()
+	err = errors.Join(err, s.server.Shutdown(shutdownCtx))
+	logger.Info("settlement service stopped")
+	return errors.Join(runErr, err)
+}
+
+func (s *Service) close() {
+	if s.listener != nil {
+		_ = s.listener.Close()
+	}
+	if s.subscriber != nil {
+		_ = s.subscriber.Close()
+	}
+	if s.db != nil {
+		_ = s.db.Close()
+	}
+}
