@@ -1,0 +1,325 @@
+// Package stack starts the sample services as real processes against real
+// PostgreSQL and RabbitMQ, each run in its own databases and broker
+// namespace, and removes what it created. The demo, the end-to-end and
+// fault-injection tests and the benchmark use it.
+package stack
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/services"
+)
+
+// Env holds the servers a stack runs against.
+type Env struct {
+	// AdminDatabaseURL is a PostgreSQL URL whose user may create databases;
+	// stacks create their databases beside the one it names.
+	AdminDatabaseURL string
+	// AMQPURL is the RabbitMQ broker (virtual host included).
+	AMQPURL string
+}
+
+// EnvFromEnvironment reads OUTBOXMILL_ADMIN_DATABASE_URL and AMQP_URL, with
+// defaults for the local services.
+func EnvFromEnvironment() Env {
+	e := Env{
+		AdminDatabaseURL: os.Getenv("OUTBOXMILL_ADMIN_DATABASE_URL"),
+		AMQPURL:          os.Getenv("AMQP_URL"),
+	}
+	if e.AdminDatabaseURL == "" {
+		e.AdminDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	}
+	if e.AMQPURL == "" {
+		e.AMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	return e
+}
+
+// UniqueName returns prefix followed by random hex, usable as a database name
+// and a namespace.
+func UniqueName(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// DatabaseURL returns the URL of database name on the admin URL's server.
+func (e Env) DatabaseURL(name string) string {
+	u, err := url.Parse(e.AdminDatabaseURL)
+	if err != nil {
+		return e.AdminDatabaseURL
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// CreateDatabase creates the empty database name.
+func (e Env) CreateDatabase(ctx context.Context, name string) error {
+	return e.adminExec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize())
+}
+
+// DropDatabase drops database name, disconnecting its sessions.
+func (e Env) DropDatabase(ctx context.Context, name string) error {
+	return e.adminExec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`)
+}
+
+func (e Env) adminExec(ctx context.Context, sql string) error {
+	conn, err := pgx.Connect(ctx, e.AdminDatabaseURL)
+	if err != nil {
+		return fmt.Errorf("connect as admin: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("%s: %w", sql, err)
+	}
+	return nil
+}
+
+// DeleteBrokerObjects deletes the exchange and queues of namespace ns.
+func (e Env) DeleteBrokerObjects(ctx context.Context, ns string) error {
+	conn, err := rabbitmq.Dial(ctx, e.AMQPURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	names := services.Names{Namespace: ns}
+	for _, q := range services.Topology(names, "").Queues {
+		if _, err := ch.QueueDelete(q.Name, false, false, false); err != nil {
+			return fmt.Errorf("delete queue %s: %w", q.Name, err)
+		}
+	}
+	if err := ch.ExchangeDelete(names.Exchange(), false, false); err != nil {
+		return fmt.Errorf("delete exchange %s: %w", names.Exchange(), err)
+	}
+	return nil
+}
+
+// Build compiles the service commands into dir and returns dir. moduleDir is
+// the module's root.
+func Build(ctx context.Context, moduleDir, dir string, commands ...string) error {
+	args := []string{"build", "-o", dir + string(os.PathSeparator)}
+	for _, c := range commands {
+		args = append(args, "./cmd/"+c)
+	}
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = moduleDir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// ModuleDir finds the module root by walking up from the working directory.
+func ModuleDir() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("go.mod not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// Process is a service started as a child process.
+type Process struct {
+	// Name is the command's name ("orders", "settlement").
+	Name string
+	// Addr is the HTTP address the service announced.
+	Addr string
+
+	bin     string
+	args    []string
+	env     []string
+	logPath string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// running matches the line a service logs once it serves.
+var running = regexp.MustCompile(`service running" http_addr=(\S+)`)
+
+// Start starts the command bin with args and extra environment env, appending
+// its output to logPath, and waits until it announces its HTTP address.
+func Start(ctx context.Context, bin string, args, env []string, logPath string) (*Process, error) {
+	p := &Process{Name: filepath.Base(bin), bin: bin, args: args, env: env, logPath: logPath}
+	if err := p.start(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *Process) start(ctx context.Context) error {
+	logFile, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(p.bin, p.args...)
+	cmd.Env = append(os.Environ(), p.env...)
+	cmd.Stdout = logFile
+	pr, pw := io.Pipe()
+	cmd.Stderr = pw
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return fmt.Errorf("start %s: %w", p.Name, err)
+	}
+	done := make(chan struct{})
+	p.mu.Lock()
+	p.cmd, p.done, p.err = cmd, done, nil
+	p.mu.Unlock()
+
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			fmt.Fprintln(logFile, line)
+			if m := running.FindStringSubmatch(line); m != nil {
+				select {
+				case addr <- m[1]:
+				default:
+				}
+			}
+		}
+		_, _ = io.Copy(logFile, pr)
+	}()
+	go func() {
+		err := cmd.Wait()
+		pw.Close()
+		p.mu.Lock()
+		p.err = err
+		p.mu.Unlock()
+		close(done)
+		logFile.Close()
+	}()
+
+	timeout := time.NewTimer(60 * time.Second)
+	defer timeout.Stop()
+	select {
+	case a := <-addr:
+		p.Addr = a
+		return nil
+	case <-done:
+		return fmt.Errorf("%s exited before serving (%v); see %s:\n%s", p.Name, p.exitErr(), p.logPath, tail(p.logPath, 20))
+	case <-ctx.Done():
+		p.Kill()
+		return ctx.Err()
+	case <-timeout.C:
+		p.Kill()
+		return fmt.Errorf("%s did not start within 60 s; see %s", p.Name, p.logPath)
+	}
+}
+
+func (p *Process) exitErr() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// URL returns the service's base URL.
+func (p *Process) URL() string { return "http://" + p.Addr }
+
+// Kill sends SIGKILL and waits for the process to exit.
+func (p *Process) Kill() {
+	p.signal(syscall.SIGKILL)
+	p.Wait()
+}
+
+// Stop sends SIGTERM and waits for a graceful exit, returning its error.
+func (p *Process) Stop() error {
+	p.signal(syscall.SIGTERM)
+	p.Wait()
+	return p.exitErr()
+}
+
+// Wait waits for the process to exit.
+func (p *Process) Wait() {
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// Exited reports whether the process has exited.
+func (p *Process) Exited() bool {
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	select {
+	case <-done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Restart starts the process again with the same arguments after it exited.
+// The HTTP address may change unless it was fixed in the arguments.
+func (p *Process) Restart(ctx context.Context) error {
+	if !p.Exited() {
+		return fmt.Errorf("restart %s: still running", p.Name)
+	}
+	return p.start(ctx)
+}
+
+func (p *Process) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	select {
+	case <-done:
+	default:
+		_ = cmd.Process.Signal(sig)
+	}
+}
+
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
