@@ -1,0 +1,35 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// Relay kinds selectable by configuration.
+const (
+	// KindWatermill is Watermill's own forwarder (see NewForwarder).
+	KindWatermill = "watermill"
+	// KindOutboxmill is Outboxmill's batched, pipelined relay (see NewRelay).
+	KindOutboxmill = "outboxmill"
+)
+
+// Relay forwards committed outbox rows to the broker until it is closed.
+type Relay interface {
+	// Run forwards until ctx ends or Close is called.
+	Run(ctx context.Context) error
+	// Close stops forwarding after the work in flight and releases the
+	// relay's connections.
+	Close() error
+}
+
+// New returns the relay of the given kind over the outbox in db.
+func New(db *sqlx.DB, kind string, config Config) (Relay, error) {
+	switch kind {
+	case KindWatermill:
+		return NewForwarder(db, config)
+	default:
+		return nil, fmt.Errorf("relay: unknown kind %q (want %s)", kind, KindWatermill)
+	}
+}
