@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -137,5 +138,38 @@ func Dial(ctx context.Context, url string) (*amqp.Connection, error) {
 			}
 		}()
 		return nil, fmt.Errorf("connect to broker: %w", ctx.Err())
+	}
+}
+
+// Routes reports whether a message published with routingKey reaches at
+// least one of the topology's queues, by the topic exchange's rules ('*'
+// matches one dot-separated word, '#' zero or more).
+func (t Topology) Routes(routingKey string) bool {
+	for _, q := range t.Queues {
+		for _, pattern := range q.RoutingKeys {
+			if topicMatch(strings.Split(pattern, "."), strings.Split(routingKey, ".")) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func topicMatch(pattern, words []string) bool {
+	if len(pattern) == 0 {
+		return len(words) == 0
+	}
+	switch pattern[0] {
+	case "#":
+		for i := 0; i <= len(words); i++ {
+			if topicMatch(pattern[1:], words[i:]) {
+				return true
+			}
+		}
+		return false
+	case "*":
+		return len(words) > 0 && topicMatch(pattern[1:], words[1:])
+	default:
+		return len(words) > 0 && words[0] == pattern[0] && topicMatch(pattern[1:], words[1:])
 	}
 }

@@ -19,7 +19,8 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 )
 
-// Config configures a relay.
+// Config configures a relay. Fields marked (outboxmill) apply to the
+// Outboxmill relay only.
 type Config struct {
 	// Outbox is the outbox to read.
 	Outbox outbox.Config
@@ -30,9 +31,38 @@ type Config struct {
 	// ConsumerGroup names the relay's position in the offsets table; relays
 	// with the same group share one position. Default "relay".
 	ConsumerGroup string
-	// PollInterval is how often the outbox is polled when it is empty.
+	// PollInterval is the longest wait between two reads of an empty outbox.
 	// Default 1 s (watermill-sql's own default).
 	PollInterval time.Duration
+	// MinPollInterval (outboxmill) is the first wait after an empty read; the
+	// wait doubles up to PollInterval. Default 5 ms.
+	MinPollInterval time.Duration
+	// BatchSize (outboxmill) is how many rows one read takes. Default 2000.
+	BatchSize int
+	// InFlight (outboxmill) is how many publishes may await their broker
+	// confirm at once. Default 256.
+	InFlight int
+	// RequireRoute (outboxmill) reports whether messages of a topic must
+	// reach at least one queue: they are published as mandatory, and one the
+	// broker returns as unroutable is retried instead of being dropped.
+	// Default: every topic. Topics nobody consumes should answer false.
+	RequireRoute func(topic string) bool
+	// StandbyInterval (outboxmill) is how often a standby instance tries to
+	// take over. Default 250 ms.
+	StandbyInterval time.Duration
+	// RetryInterval (outboxmill) is the first wait after a failure; it
+	// doubles up to 30 s. Default 500 ms.
+	RetryInterval time.Duration
+	// ConfirmTimeout (outboxmill) bounds the wait for one broker confirm.
+	// Default 30 s.
+	ConfirmTimeout time.Duration
+	// CloseTimeout bounds Close. Default 30 s.
+	CloseTimeout time.Duration
+	// NotifyChannel (outboxmill), when set, is a PostgreSQL channel the relay
+	// LISTENs on: a notification (see Notifier) wakes it at once.
+	NotifyChannel string
+	// Metrics receives the relay's measurements. Default: discarded.
+	Metrics Metrics
 	// Logger receives the relay's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -43,6 +73,33 @@ func (c *Config) setDefaults() {
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = time.Second
+	}
+	if c.MinPollInterval == 0 {
+		c.MinPollInterval = min(5*time.Millisecond, c.PollInterval)
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 2000
+	}
+	if c.InFlight == 0 {
+		c.InFlight = 256
+	}
+	if c.RequireRoute == nil {
+		c.RequireRoute = func(string) bool { return true }
+	}
+	if c.StandbyInterval == 0 {
+		c.StandbyInterval = 250 * time.Millisecond
+	}
+	if c.RetryInterval == 0 {
+		c.RetryInterval = 500 * time.Millisecond
+	}
+	if c.ConfirmTimeout == 0 {
+		c.ConfirmTimeout = 30 * time.Second
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = 30 * time.Second
+	}
+	if c.Metrics == nil {
+		c.Metrics = noMetrics{}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -55,17 +112,38 @@ func (c Config) Validate() error {
 	if err := c.Outbox.Validate(); err != nil {
 		return err
 	}
+	var errs []error
 	if c.AMQPURL == "" {
-		return errors.New("relay: empty AMQP URL")
+		errs = append(errs, errors.New("relay: empty AMQP URL"))
 	}
 	if c.Exchange == "" {
-		return errors.New("relay: empty exchange")
+		errs = append(errs, errors.New("relay: empty exchange"))
 	}
-	if c.PollInterval < 0 {
-		return errors.New("relay: negative poll interval")
+	if c.PollInterval < 0 || c.MinPollInterval < 0 || c.MinPollInterval > c.PollInterval {
+		errs = append(errs, errors.New("relay: need 0 <= MinPollInterval <= PollInterval"))
 	}
-	return nil
+	if c.BatchSize < 1 || c.InFlight < 1 {
+		errs = append(errs, errors.New("relay: BatchSize and InFlight must be at least 1"))
+	}
+	if c.StandbyInterval < 0 || c.RetryInterval <= 0 || c.ConfirmTimeout <= 0 || c.CloseTimeout <= 0 {
+		errs = append(errs, errors.New("relay: intervals and timeouts must be positive"))
+	}
+	return errors.Join(errs...)
 }
+
+// Metrics receives a relay's measurements.
+type Metrics interface {
+	// Published is called after n events were confirmed by the broker;
+	// latency is the time from starting to publish them to their confirms.
+	Published(n int, latency time.Duration)
+	// PublishFailed is called when publishing failed and will be retried.
+	PublishFailed(err error)
+}
+
+type noMetrics struct{}
+
+func (noMetrics) Published(int, time.Duration) {}
+func (noMetrics) PublishFailed(error)          {}
 
 // Forwarder is Watermill's forwarder from the outbox to RabbitMQ.
 type Forwarder struct {

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -29,7 +30,16 @@ func New(db *sqlx.DB, kind string, config Config) (Relay, error) {
 	switch kind {
 	case KindWatermill:
 		return NewForwarder(db, config)
+	case KindOutboxmill:
+		return NewOutboxmill(db, config)
 	default:
-		return nil, fmt.Errorf("relay: unknown kind %q (want %s)", kind, KindWatermill)
+		return nil, fmt.Errorf("relay: unknown kind %q (want %s or %s)", kind, KindOutboxmill, KindWatermill)
 	}
+}
+
+// advisoryKey maps a name to a key for pg_advisory_lock.
+func advisoryKey(name string) int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(name))
+	return int64(h.Sum64() & 0x7fffffffffffffff)
 }

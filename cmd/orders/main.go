@@ -29,6 +29,10 @@ func run(args []string) int {
 	if err != nil {
 		return cli.Fail(name, err)
 	}
+	notify, err := cli.EnvBool("RELAY_NOTIFY", true)
+	if err != nil {
+		return cli.Fail(name, err)
+	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	var cfg orders.Config
 	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.Env("DATABASE_URL", cli.DefaultDatabaseURL), "PostgreSQL URL (env DATABASE_URL)")
@@ -37,12 +41,14 @@ func run(args []string) int {
 	fs.StringVar(&cfg.Namespace, "namespace", cli.Env("OUTBOXMILL_NAMESPACE", services.DefaultNamespace), "prefix of exchange and queue names (env OUTBOXMILL_NAMESPACE)")
 	fs.StringVar(&cfg.QueueType, "queue-type", cli.Env("QUEUE_TYPE", "classic"), "type of the queues declared: classic or quorum (env QUEUE_TYPE)")
 	fs.BoolVar(&relay, "relay", relay, "run the relay in this process (env RELAY=true|false)")
+	fs.StringVar(&cfg.RelayKind, "relay-kind", cli.Env("RELAY_KIND", "outboxmill"), "relay implementation: outboxmill (batched, pipelined) or watermill (Watermill's forwarder) (env RELAY_KIND)")
+	fs.BoolVar(&notify, "relay-notify", notify, "wake relays in other instances with a PostgreSQL notification after each commit (env RELAY_NOTIFY=true|false)")
 	fs.DurationVar(&cfg.RelayPollInterval, "relay-poll-interval", pollDefault, "how often the relay polls an empty outbox (env RELAY_POLL_INTERVAL)")
 	logLevel := fs.String("log-level", cli.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
 	if ok, code := cli.Parse(fs, args); !ok {
 		return code
 	}
-	cfg.Relay = &relay
+	cfg.Relay, cfg.RelayNotify = &relay, &notify
 	logger, err := cli.NewLogger(*logLevel)
 	if err != nil {
 		return cli.Fail(name, err)

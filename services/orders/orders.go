@@ -39,8 +39,16 @@ type Config struct {
 	QueueType string
 	// Relay enables the relay in this process; default true.
 	Relay *bool
-	// RelayPollInterval is how often the relay polls an empty outbox.
+	// RelayKind is relay.KindOutboxmill (default) or relay.KindWatermill.
+	RelayKind string
+	// RelayPollInterval is the longest wait between two polls of an empty
+	// outbox; default 1 s.
 	RelayPollInterval time.Duration
+	// RelayNotify sends a PostgreSQL notification after each commit that
+	// wrote events, waking a relay running in another instance, and makes
+	// this instance's relay listen for them; default true. A relay in the
+	// same process is woken in-process either way.
+	RelayNotify *bool
 	// MaxDBConns bounds the database connection pool; default 16.
 	MaxDBConns int
 	// ShutdownTimeout bounds the drain of in-flight work on shutdown;
@@ -63,6 +71,13 @@ func (c *Config) setDefaults() {
 	if c.Relay == nil {
 		on := true
 		c.Relay = &on
+	}
+	if c.RelayKind == "" {
+		c.RelayKind = relay.KindOutboxmill
+	}
+	if c.RelayNotify == nil {
+		on := true
+		c.RelayNotify = &on
 	}
 	if c.MaxDBConns == 0 {
 		c.MaxDBConns = 16
@@ -91,6 +106,9 @@ func (c Config) Validate() error {
 	if c.QueueType != rabbitmq.QueueClassic && c.QueueType != rabbitmq.QueueQuorum {
 		errs = append(errs, fmt.Errorf("queue type %q is neither %s nor %s", c.QueueType, rabbitmq.QueueClassic, rabbitmq.QueueQuorum))
 	}
+	if c.RelayKind != relay.KindOutboxmill && c.RelayKind != relay.KindWatermill {
+		errs = append(errs, fmt.Errorf("relay kind %q is neither %s nor %s", c.RelayKind, relay.KindOutboxmill, relay.KindWatermill))
+	}
 	if c.RelayPollInterval < 0 || c.MaxDBConns < 0 || c.ShutdownTimeout < 0 {
 		errs = append(errs, errors.New("durations and sizes must not be negative"))
 	}
@@ -101,7 +119,7 @@ func (c Config) Validate() error {
 type Service struct {
 	config   Config
 	db       *sqlx.DB
-	relay    *relay.Forwarder
+	relay    relay.Relay
 	server   *http.Server
 	listener net.Listener
 }
@@ -132,27 +150,40 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 		return nil, err
 	}
 	names := services.Names{Namespace: config.Namespace}
-	if err := rabbitmq.Declare(ctx, config.AMQPURL, services.Topology(names, config.QueueType)); err != nil {
+	topology := services.Topology(names, config.QueueType)
+	if err := rabbitmq.Declare(ctx, config.AMQPURL, topology); err != nil {
 		return nil, err
 	}
 
-	writer, err := outbox.NewWriter(outboxConfig, watermill.NewSlogLogger(config.Logger))
-	if err != nil {
-		return nil, err
-	}
-	repo := postgres.NewOrderRepository(s.db, writer, nil)
+	var listeners commitListeners
 	if *config.Relay {
-		s.relay, err = relay.NewForwarder(s.db, relay.Config{
+		relayConfig := relay.Config{
 			Outbox:       outboxConfig,
 			AMQPURL:      config.AMQPURL,
 			Exchange:     names.Exchange(),
 			PollInterval: config.RelayPollInterval,
+			RequireRoute: topology.Routes,
 			Logger:       config.Logger,
-		})
+		}
+		if *config.RelayNotify {
+			relayConfig.NotifyChannel = relay.DefaultNotifyChannel
+		}
+		s.relay, err = relay.New(s.db, config.RelayKind, relayConfig)
 		if err != nil {
 			return nil, err
 		}
+		if l, ok := s.relay.(app.CommitListener); ok {
+			listeners = append(listeners, l)
+		}
 	}
+	if *config.RelayNotify {
+		listeners = append(listeners, relay.NewNotifier(s.db, relay.DefaultNotifyChannel, config.Logger))
+	}
+	writer, err := outbox.NewWriter(outboxConfig, watermill.NewSlogLogger(config.Logger))
+	if err != nil {
+		return nil, err
+	}
+	repo := postgres.NewOrderRepository(s.db, writer, listeners)
 
 	s.listener, err = net.Listen("tcp", config.HTTPAddr)
 	if err != nil {
@@ -191,7 +222,7 @@ func (s *Service) Run(ctx context.Context) error {
 	} else {
 		close(relayDone)
 	}
-	logger.Info("orders service running", "http_addr", s.Addr(), "relay", s.relay != nil)
+	logger.Info("orders service running", "http_addr", s.Addr(), "relay", s.relay != nil, "relay_kind", s.config.RelayKind)
 
 	var runErr error
 	select {
@@ -216,5 +247,14 @@ func (s *Service) close() {
 	}
 	if s.db != nil {
 		_ = s.db.Close()
+	}
+}
+
+// commitListeners tells each listener in turn.
+type commitListeners []app.CommitListener
+
+func (ls commitListeners) EventsCommitted() {
+	for _, l := range ls {
+		l.EventsCommitted()
 	}
 }

@@ -1,0 +1,129 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/jmoiron/sqlx"
+)
+
+// DefaultNotifyChannel is the PostgreSQL channel relays listen on when the
+// services enable notifications.
+const DefaultNotifyChannel = "outboxmill_outbox"
+
+// Notifier wakes relays in other processes after a producer's commit. It
+// implements app.CommitListener: EventsCommitted never blocks and never runs
+// inside the business transaction (PostgreSQL serialises the commits of
+// transactions that notify). Notifications are coalesced: at most one is in
+// flight, and the commits that happen meanwhile are covered by one more.
+type Notifier struct {
+	db      *sqlx.DB
+	channel string
+	logger  *slog.Logger
+
+	mu       sync.Mutex
+	inFlight bool
+	pending  bool
+}
+
+// NewNotifier returns a Notifier sending on channel through db.
+func NewNotifier(db *sqlx.DB, channel string, logger *slog.Logger) *Notifier {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Notifier{db: db, channel: channel, logger: logger}
+}
+
+// EventsCommitted implements app.CommitListener.
+func (n *Notifier) EventsCommitted() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.inFlight {
+		n.pending = true
+		return
+	}
+	n.inFlight = true
+	go n.send()
+}
+
+func (n *Notifier) send() {
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := n.db.ExecContext(ctx, `SELECT pg_notify($1, '')`, n.channel)
+		cancel()
+		if err != nil {
+			// A missed notification only delays delivery to the next poll.
+			n.logger.Debug("relay notification failed", "err", err)
+		}
+		n.mu.Lock()
+		if !n.pending {
+			n.inFlight = false
+			n.mu.Unlock()
+			return
+		}
+		n.pending = false
+		n.mu.Unlock()
+	}
+}
+
+// listen wakes the relay on each notification on its channel until ctx ends.
+// Connection failures are retried; meanwhile polling still finds new rows.
+func (r *Outboxmill) listen(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		r.logger.Debug("relay listener interrupted; retrying", "err", err)
+		if !sleepCtx(ctx, r.config.RetryInterval) {
+			return
+		}
+	}
+}
+
+func (r *Outboxmill) listenOnce(ctx context.Context) error {
+	conn, err := r.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return conn.Raw(func(driverConn any) error {
+		sc, ok := driverConn.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("relay listener needs the pgx driver, got %T", driverConn)
+		}
+		pc := sc.Conn()
+		if _, err := pc.Exec(ctx, `LISTEN `+quoteIdent(r.config.NotifyChannel)); err != nil {
+			return err
+		}
+		// The connection goes back to the pool after this: stop listening.
+		defer func() { _, _ = pc.Exec(context.WithoutCancel(ctx), `UNLISTEN *`) }()
+		r.Wake() // rows committed before LISTEN took effect
+		for {
+			if _, err := pc.WaitForNotification(ctx); err != nil {
+				if errors.Is(err, context.Canceled) {
+					return nil
+				}
+				return err
+			}
+			r.Wake()
+		}
+	})
+}
+
+// quoteIdent quotes a PostgreSQL identifier.
+func quoteIdent(s string) string {
+	out := []byte{'"'}
+	for i := 0; i < len(s); i++ {
+		if s[i] == '"' {
+			out = append(out, '"')
+		}
+		out = append(out, s[i])
+	}
+	return string(append(out, '"'))
+}

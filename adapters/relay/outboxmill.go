@@ -1,0 +1,462 @@
+package relay
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+)
+
+// errPositionMoved means another relay stored a position this one did not
+// expect: this relay is no longer the only one forwarding.
+var errPositionMoved = errors.New("relay position moved by another relay")
+
+// position is a place in the outbox's delivery order (transaction_id,
+// offset): every row at or before it has been forwarded.
+type position struct {
+	txID   string // xid8 in text form
+	offset int64
+}
+
+// row is one outbox row unwrapped from Watermill's forwarder envelope.
+type row struct {
+	pos     position
+	uuid    string
+	topic   string
+	msg     *message.Message
+	raw     []byte // the stored payload, kept for rows that cannot be forwarded
+	invalid string // why the row cannot be forwarded; empty if it can
+}
+
+// Outboxmill is Outboxmill's relay. It reads the outbox in batches in
+// (transaction_id, offset) order, using watermill-sql's visibility rule (only
+// rows of transactions older than the oldest running one), publishes each
+// batch on one channel with many broker confirms in flight, and stores its
+// position in Watermill's offsets table only after the whole batch is
+// confirmed. It reads the same table and envelope as Watermill's forwarder
+// and shares its position, so either can replace the other.
+//
+// One instance forwards at a time: instances take a PostgreSQL advisory lock
+// per outbox and consumer group; the others wait on standby and take over
+// within Config.StandbyInterval when the active one dies. Position updates
+// are compare-and-set, so an instance that lost its lock without noticing
+// stops at its next batch.
+//
+// When idle it polls with a delay growing from Config.MinPollInterval to
+// Config.PollInterval; Wake (or EventsCommitted) makes it read at once.
+type Outboxmill struct {
+	db     *sqlx.DB
+	config Config
+	logger *slog.Logger
+
+	wake    chan struct{}
+	closing chan struct{}
+	once    sync.Once
+	done    chan struct{}
+}
+
+// NewOutboxmill returns an Outboxmill relay over the outbox in db. It does
+// not start it; call Run.
+func NewOutboxmill(db *sqlx.DB, config Config) (*Outboxmill, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	return &Outboxmill{
+		db:      db,
+		config:  config,
+		logger:  config.Logger.With("outbox", config.Outbox.Topic, "consumer_group", config.ConsumerGroup),
+		wake:    make(chan struct{}, 1),
+		closing: make(chan struct{}),
+		done:    make(chan struct{}),
+	}, nil
+}
+
+// Wake makes an idle relay read the outbox now. It never blocks.
+func (r *Outboxmill) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// EventsCommitted implements app.CommitListener: a producer in the same
+// process wakes the relay after each commit.
+func (r *Outboxmill) EventsCommitted() { r.Wake() }
+
+// Close stops the relay after the batch in flight and waits for Run to
+// return.
+func (r *Outboxmill) Close() error {
+	r.once.Do(func() { close(r.closing) })
+	select {
+	case <-r.done:
+	case <-time.After(r.config.CloseTimeout):
+		return errors.New("relay: close timed out")
+	}
+	return nil
+}
+
+// Run forwards until ctx ends or Close is called. Failures (database or
+// broker unreachable, lost lock) are logged and retried with backoff; Run
+// returns only when stopped.
+func (r *Outboxmill) Run(ctx context.Context) error {
+	defer close(r.done)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-r.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if r.config.NotifyChannel != "" {
+		go r.listen(ctx)
+	}
+	backoff := r.config.RetryInterval
+	for {
+		started := time.Now()
+		err := r.lead(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Since(started) > 10*r.config.RetryInterval {
+			backoff = r.config.RetryInterval
+		}
+		r.logger.Warn("relay interrupted; retrying", "err", err, "retry_in", backoff)
+		if !sleepCtx(ctx, backoff) {
+			return nil
+		}
+		backoff = min(backoff*2, 30*time.Second)
+	}
+}
+
+// lead takes the relay lock, then forwards until an error or ctx ends.
+func (r *Outboxmill) lead(ctx context.Context) error {
+	lockConn, err := r.db.Connx(ctx)
+	if err != nil {
+		return fmt.Errorf("connect for relay lock: %w", err)
+	}
+	defer lockConn.Close()
+	key := advisoryKey("relay:" + r.config.Outbox.Topic + ":" + r.config.ConsumerGroup)
+	if err := r.takeLock(ctx, lockConn, key); err != nil {
+		return err
+	}
+	defer func() {
+		_, _ = lockConn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, key)
+	}()
+
+	pos, err := r.loadPosition(ctx)
+	if err != nil {
+		return err
+	}
+	conn, err := rabbitmq.Dial(ctx, r.config.AMQPURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		return fmt.Errorf("enable publisher confirms: %w", err)
+	}
+	returns := ch.NotifyReturn(make(chan amqp.Return, r.config.BatchSize))
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	r.logger.Info("relay active", "position_tx", pos.txID, "position_offset", pos.offset)
+
+	delay := r.config.MinPollInterval
+	for {
+		if err := lockConn.PingContext(ctx); err != nil {
+			return fmt.Errorf("relay lock connection lost: %w", err)
+		}
+		rows, err := r.readBatch(ctx, pos)
+		if err != nil {
+			return err
+		}
+		if len(rows) == 0 {
+			timer := time.NewTimer(delay)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return ctx.Err()
+			case err := <-closed:
+				timer.Stop()
+				return fmt.Errorf("broker channel closed: %v", err)
+			case <-r.wake:
+				timer.Stop()
+				delay = r.config.MinPollInterval
+			case <-timer.C:
+				delay = min(delay*2, r.config.PollInterval)
+			}
+			continue
+		}
+		delay = r.config.MinPollInterval
+
+		start := time.Now()
+		forwarded, pubErr := r.publish(ctx, ch, returns, rows)
+		if forwarded > 0 {
+			next, err := r.storePosition(ctx, pos, rows[:forwarded])
+			if err != nil {
+				return errors.Join(pubErr, err)
+			}
+			pos = next
+			r.config.Metrics.Published(forwarded, time.Since(start))
+		}
+		if pubErr != nil {
+			r.config.Metrics.PublishFailed(pubErr)
+			return pubErr
+		}
+	}
+}
+
+// takeLock waits until this instance holds the relay lock.
+func (r *Outboxmill) takeLock(ctx context.Context, conn *sqlx.Conn, key int64) error {
+	standby := false
+	for {
+		var got bool
+		if err := conn.QueryRowxContext(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got); err != nil {
+			return fmt.Errorf("take relay lock: %w", err)
+		}
+		if got {
+			return nil
+		}
+		if !standby {
+			r.logger.Info("relay on standby: another instance is active")
+			standby = true
+		}
+		if !sleepCtx(ctx, r.config.StandbyInterval) {
+			return ctx.Err()
+		}
+	}
+}
+
+func (r *Outboxmill) loadPosition(ctx context.Context) (position, error) {
+	offsets := r.config.Outbox.OffsetsTable()
+	if _, err := r.db.ExecContext(ctx, `
+		INSERT INTO `+offsets+` (consumer_group, offset_acked, last_processed_transaction_id)
+		VALUES ($1, 0, '0') ON CONFLICT DO NOTHING`, r.config.ConsumerGroup); err != nil {
+		return position{}, fmt.Errorf("create relay position: %w", err)
+	}
+	var pos position
+	if err := r.db.QueryRowxContext(ctx, `
+		SELECT last_processed_transaction_id::text, offset_acked FROM `+offsets+` WHERE consumer_group = $1`,
+		r.config.ConsumerGroup).Scan(&pos.txID, &pos.offset); err != nil {
+		return position{}, fmt.Errorf("load relay position: %w", err)
+	}
+	return pos, nil
+}
+
+// readBatch reads up to BatchSize rows after pos that no running transaction
+// can still precede. The condition is an index range scan on the outbox's
+// primary key (transaction_id, offset).
+func (r *Outboxmill) readBatch(ctx context.Context, pos position) ([]row, error) {
+	rs, err := r.db.QueryContext(ctx, `
+		SELECT transaction_id::text, "offset", uuid, payload::text
+		FROM `+r.config.Outbox.Table()+`
+		WHERE (transaction_id, "offset") > ($1::xid8, $2::bigint)
+		  AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+		ORDER BY transaction_id, "offset"
+		LIMIT $3`, pos.txID, pos.offset, r.config.BatchSize)
+	if err != nil {
+		return nil, fmt.Errorf("read outbox: %w", err)
+	}
+	defer rs.Close()
+	var rows []row
+	for rs.Next() {
+		var (
+			x       row
+			payload sql.NullString
+		)
+		if err := rs.Scan(&x.pos.txID, &x.pos.offset, &x.uuid, &payload); err != nil {
+			return nil, fmt.Errorf("read outbox: %w", err)
+		}
+		x.topic, x.msg, x.invalid = unwrap([]byte(payload.String))
+		if x.invalid != "" {
+			x.raw = []byte(payload.String)
+		}
+		rows = append(rows, x)
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("read outbox: %w", err)
+	}
+	return rows, nil
+}
+
+// unwrap decodes Watermill's forwarder envelope.
+func unwrap(payload []byte) (topic string, msg *message.Message, invalid string) {
+	var env struct {
+		DestinationTopic string            `json:"destination_topic"`
+		UUID             string            `json:"uuid"`
+		Payload          []byte            `json:"payload"`
+		Metadata         map[string]string `json:"metadata"`
+	}
+	if err := json.Unmarshal(payload, &env); err != nil {
+		return "", nil, "not a forwarder envelope: " + err.Error()
+	}
+	if env.DestinationTopic == "" {
+		return "", nil, "not a forwarder envelope (no destination_topic)"
+	}
+	msg = message.NewMessage(env.UUID, env.Payload)
+	msg.Metadata = env.Metadata
+	return env.DestinationTopic, msg, ""
+}
+
+// publish publishes rows in order on ch with up to InFlight confirms
+// outstanding and returns how many rows, from the first, are done: confirmed
+// by the broker and not returned as unroutable (rows that cannot be
+// forwarded count as done; storePosition sets them aside). A row the broker
+// nacked or returned stops the count there; the rows after it are sent again
+// by the next batch.
+func (r *Outboxmill) publish(ctx context.Context, ch *amqp.Channel, returns <-chan amqp.Return, rows []row) (int, error) {
+	confirms := make([]*amqp.DeferredConfirmation, len(rows))
+	waitFrom := 0
+	var pubErr error
+	sent := 0
+	for i, x := range rows {
+		if x.invalid != "" {
+			sent++
+			continue
+		}
+		for i-waitFrom >= r.config.InFlight {
+			if confirms[waitFrom] != nil {
+				if _, err := r.waitConfirm(ctx, confirms[waitFrom]); err != nil {
+					pubErr = err
+					break
+				}
+			}
+			waitFrom++
+		}
+		if pubErr != nil {
+			break
+		}
+		pub, err := rabbitmq.Marshaler{}.Marshal(x.msg)
+		if err != nil {
+			pubErr = fmt.Errorf("marshal event %s: %w", x.uuid, err)
+			break
+		}
+		confirms[i], err = ch.PublishWithDeferredConfirmWithContext(ctx, r.config.Exchange, x.topic,
+			r.config.RequireRoute(x.topic), false, pub)
+		if err != nil {
+			pubErr = fmt.Errorf("publish event %s: %w", x.uuid, err)
+			break
+		}
+		sent++
+	}
+
+	done := 0
+	for i := 0; i < sent; i++ {
+		if confirms[i] == nil {
+			if rows[i].invalid != "" && done == i {
+				done++
+			}
+			continue
+		}
+		acked, err := r.waitConfirm(ctx, confirms[i])
+		if err != nil {
+			pubErr = errors.Join(pubErr, err)
+			break
+		}
+		if !acked {
+			pubErr = errors.Join(pubErr, fmt.Errorf("broker nacked event %s", rows[i].uuid))
+			break
+		}
+		if done == i {
+			done++
+		}
+	}
+
+	// A return for a mandatory message arrives before its confirm, so every
+	// return of this batch is queued by now.
+	returned := map[string]string{}
+	for drained := false; !drained; {
+		select {
+		case ret := <-returns:
+			id, _ := ret.Headers["_watermill_message_uuid"].(string)
+			returned[id] = fmt.Sprintf("%d %s (routing key %s)", ret.ReplyCode, ret.ReplyText, ret.RoutingKey)
+		default:
+			drained = true
+		}
+	}
+	if len(returned) > 0 {
+		for i := 0; i < done; i++ {
+			if reason, ok := returned[rows[i].uuid]; ok && rows[i].invalid == "" {
+				pubErr = errors.Join(pubErr, fmt.Errorf("event %s returned by the broker: %s", rows[i].uuid, reason))
+				done = i
+				break
+			}
+		}
+	}
+	return done, pubErr
+}
+
+func (r *Outboxmill) waitConfirm(ctx context.Context, c *amqp.DeferredConfirmation) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.config.ConfirmTimeout)
+	defer cancel()
+	acked, err := c.WaitContext(ctx)
+	if err != nil {
+		return false, fmt.Errorf("wait for broker confirm: %w", err)
+	}
+	return acked, nil
+}
+
+// storePosition sets aside the rows that cannot be forwarded and moves the
+// position past rows, in one transaction. The update is compare-and-set on
+// the previous position.
+func (r *Outboxmill) storePosition(ctx context.Context, prev position, rows []row) (position, error) {
+	next := rows[len(rows)-1].pos
+	tx, err := r.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return prev, fmt.Errorf("store relay position: %w", err)
+	}
+	defer tx.Rollback()
+	for _, x := range rows {
+		if x.invalid == "" {
+			continue
+		}
+		if err := SetAsideRow(ctx, tx, r.config.Outbox.Topic, x.uuid, x.raw, x.invalid); err != nil {
+			return prev, err
+		}
+		r.logger.Warn("outbox row set aside", "message_id", x.uuid, "reason", x.invalid)
+	}
+	res, err := tx.ExecContext(ctx, `
+		UPDATE `+r.config.Outbox.OffsetsTable()+`
+		SET last_processed_transaction_id = $1::xid8, offset_acked = $2
+		WHERE consumer_group = $3 AND last_processed_transaction_id = $4::xid8 AND offset_acked = $5`,
+		next.txID, next.offset, r.config.ConsumerGroup, prev.txID, prev.offset)
+	if err != nil {
+		return prev, fmt.Errorf("store relay position: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return prev, fmt.Errorf("store relay position: %w", err)
+	} else if n != 1 {
+		return prev, errPositionMoved
+	}
+	if err := tx.Commit(); err != nil {
+		return prev, fmt.Errorf("store relay position: commit: %w", err)
+	}
+	return next, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
