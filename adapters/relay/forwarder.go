@@ -34,8 +34,9 @@ type Config struct {
 	// PollInterval is the longest wait between two reads of an empty outbox.
 	// Default 1 s (watermill-sql's own default).
 	PollInterval time.Duration
-	// MinPollInterval (outboxmill) is the first wait after an empty read; the
-	// wait doubles up to PollInterval. Default 5 ms.
+	// MinPollInterval (outboxmill) is the first wait before reading again
+	// rows that were committed behind an older open transaction; the wait
+	// doubles up to PollInterval. Default 5 ms.
 	MinPollInterval time.Duration
 	// BatchSize (outboxmill) is how many rows one read takes. Default 2000.
 	BatchSize int

@@ -31,7 +31,7 @@ type position struct {
 // row is one outbox row unwrapped from Watermill's forwarder envelope.
 type row struct {
 	pos     position
-	uuid    string
+	uuid    string // the outbox row's own UUID (the envelope's, not the event's)
 	topic   string
 	msg     *message.Message
 	raw     []byte // the stored payload, kept for rows that cannot be forwarded
@@ -52,8 +52,10 @@ type row struct {
 // are compare-and-set, so an instance that lost its lock without noticing
 // stops at its next batch.
 //
-// When idle it polls with a delay growing from Config.MinPollInterval to
-// Config.PollInterval; Wake (or EventsCommitted) makes it read at once.
+// When it has read everything it waits for Wake (or EventsCommitted, or a
+// notification) and polls every Config.PollInterval in case a wake-up was
+// missed. Rows committed behind an older open transaction are polled for with
+// a delay growing from Config.MinPollInterval to Config.PollInterval.
 type Outboxmill struct {
 	db     *sqlx.DB
 	config Config
@@ -177,17 +179,31 @@ func (r *Outboxmill) lead(ctx context.Context) error {
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	r.logger.Info("relay active", "position_tx", pos.txID, "position_offset", pos.offset)
 
+	// A batch that has started is finished even when the relay is stopped,
+	// so that what the broker confirmed is recorded and not sent again.
+	work := context.WithoutCancel(ctx)
 	delay := r.config.MinPollInterval
 	for {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		if err := lockConn.PingContext(ctx); err != nil {
 			return fmt.Errorf("relay lock connection lost: %w", err)
 		}
-		rows, err := r.readBatch(ctx, pos)
+		rows, pending, err := r.readBatch(ctx, pos)
 		if err != nil {
 			return err
 		}
 		if len(rows) == 0 {
-			timer := time.NewTimer(delay)
+			// Rows committed behind an older open transaction are polled
+			// for with a growing delay; an outbox read to its end waits for
+			// a wake-up or the poll interval.
+			wait := r.config.PollInterval
+			if pending {
+				wait = delay
+				delay = min(delay*2, r.config.PollInterval)
+			}
+			timer := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
 				timer.Stop()
@@ -199,16 +215,17 @@ func (r *Outboxmill) lead(ctx context.Context) error {
 				timer.Stop()
 				delay = r.config.MinPollInterval
 			case <-timer.C:
-				delay = min(delay*2, r.config.PollInterval)
 			}
 			continue
 		}
 		delay = r.config.MinPollInterval
 
 		start := time.Now()
-		forwarded, pubErr := r.publish(ctx, ch, returns, rows)
+		forwarded, pubErr := r.publish(work, ch, returns, rows)
 		if forwarded > 0 {
-			next, err := r.storePosition(ctx, pos, rows[:forwarded])
+			storeCtx, cancel := context.WithTimeout(work, r.config.ConfirmTimeout)
+			next, err := r.storePosition(storeCtx, pos, rows[:forwarded])
+			cancel()
 			if err != nil {
 				return errors.Join(pubErr, err)
 			}
@@ -260,28 +277,35 @@ func (r *Outboxmill) loadPosition(ctx context.Context) (position, error) {
 }
 
 // readBatch reads up to BatchSize rows after pos that no running transaction
-// can still precede. The condition is an index range scan on the outbox's
-// primary key (transaction_id, offset).
-func (r *Outboxmill) readBatch(ctx context.Context, pos position) ([]row, error) {
+// can still precede: rows of transactions older than the oldest one running
+// (watermill-sql's visibility rule). The scan is an index range scan on the
+// outbox's primary key (transaction_id, offset) and stops at the first row
+// that is not visible yet; pending reports whether there was one.
+func (r *Outboxmill) readBatch(ctx context.Context, pos position) (rows []row, pending bool, err error) {
 	rs, err := r.db.QueryContext(ctx, `
-		SELECT transaction_id::text, "offset", uuid, payload::text
+		SELECT transaction_id::text, "offset", uuid, payload::text,
+		       transaction_id < pg_snapshot_xmin(pg_current_snapshot())
 		FROM `+r.config.Outbox.Table()+`
 		WHERE (transaction_id, "offset") > ($1::xid8, $2::bigint)
-		  AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
 		ORDER BY transaction_id, "offset"
 		LIMIT $3`, pos.txID, pos.offset, r.config.BatchSize)
 	if err != nil {
-		return nil, fmt.Errorf("read outbox: %w", err)
+		return nil, false, fmt.Errorf("read outbox: %w", err)
 	}
 	defer rs.Close()
-	var rows []row
 	for rs.Next() {
 		var (
 			x       row
 			payload sql.NullString
+			visible bool
 		)
-		if err := rs.Scan(&x.pos.txID, &x.pos.offset, &x.uuid, &payload); err != nil {
-			return nil, fmt.Errorf("read outbox: %w", err)
+		if err := rs.Scan(&x.pos.txID, &x.pos.offset, &x.uuid, &payload, &visible); err != nil {
+			return nil, false, fmt.Errorf("read outbox: %w", err)
+		}
+		if !visible {
+			// Rows are in transaction order: every later row is newer still.
+			pending = true
+			break
 		}
 		x.topic, x.msg, x.invalid = unwrap([]byte(payload.String))
 		if x.invalid != "" {
@@ -290,9 +314,9 @@ func (r *Outboxmill) readBatch(ctx context.Context, pos position) ([]row, error)
 		rows = append(rows, x)
 	}
 	if err := rs.Err(); err != nil {
-		return nil, fmt.Errorf("read outbox: %w", err)
+		return nil, false, fmt.Errorf("read outbox: %w", err)
 	}
-	return rows, nil
+	return rows, pending, nil
 }
 
 // unwrap decodes Watermill's forwarder envelope.
@@ -344,13 +368,13 @@ func (r *Outboxmill) publish(ctx context.Context, ch *amqp.Channel, returns <-ch
 		}
 		pub, err := rabbitmq.Marshaler{}.Marshal(x.msg)
 		if err != nil {
-			pubErr = fmt.Errorf("marshal event %s: %w", x.uuid, err)
+			pubErr = fmt.Errorf("marshal event %s: %w", x.msg.UUID, err)
 			break
 		}
 		confirms[i], err = ch.PublishWithDeferredConfirmWithContext(ctx, r.config.Exchange, x.topic,
 			r.config.RequireRoute(x.topic), false, pub)
 		if err != nil {
-			pubErr = fmt.Errorf("publish event %s: %w", x.uuid, err)
+			pubErr = fmt.Errorf("publish event %s: %w", x.msg.UUID, err)
 			break
 		}
 		sent++
@@ -370,7 +394,7 @@ func (r *Outboxmill) publish(ctx context.Context, ch *amqp.Channel, returns <-ch
 			break
 		}
 		if !acked {
-			pubErr = errors.Join(pubErr, fmt.Errorf("broker nacked event %s", rows[i].uuid))
+			pubErr = errors.Join(pubErr, fmt.Errorf("broker nacked event %s", rows[i].msg.UUID))
 			break
 		}
 		if done == i {
@@ -392,8 +416,11 @@ func (r *Outboxmill) publish(ctx context.Context, ch *amqp.Channel, returns <-ch
 	}
 	if len(returned) > 0 {
 		for i := 0; i < done; i++ {
-			if reason, ok := returned[rows[i].uuid]; ok && rows[i].invalid == "" {
-				pubErr = errors.Join(pubErr, fmt.Errorf("event %s returned by the broker: %s", rows[i].uuid, reason))
+			if rows[i].invalid != "" {
+				continue
+			}
+			if reason, ok := returned[rows[i].msg.UUID]; ok {
+				pubErr = errors.Join(pubErr, fmt.Errorf("event %s returned by the broker: %s", rows[i].msg.UUID, reason))
 				done = i
 				break
 			}

@@ -1,0 +1,404 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jmoiron/sqlx"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/adapters/relay"
+	"github.com/outboxmill/outboxmill/domain"
+	"github.com/outboxmill/outboxmill/internal/stack"
+)
+
+// fixture is an outbox in a database of its own and an exchange of its own.
+type fixture struct {
+	t        *testing.T
+	db       *sqlx.DB
+	env      stack.Env
+	exchange string
+	writer   *outbox.Writer
+	conn     *amqp.Connection
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	env := stack.EnvFromEnvironment()
+	name := stack.UniqueName("relay_")
+	if err := env.CreateDatabase(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.DropDatabase(context.Background(), name) })
+	db, err := postgres.Open(ctx, env.DatabaseURL(name), 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := postgres.Migrate(ctx, db, "orders", postgres.OrdersMigrations()); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.Initialize(ctx, db, outbox.DefaultConfig()); err != nil {
+		t.Fatal(err)
+	}
+	writer, err := outbox.NewWriter(outbox.DefaultConfig(), watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := rabbitmq.Dial(ctx, env.AMQPURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	f := &fixture{t: t, db: db, env: env, exchange: name + ".events", writer: writer, conn: conn}
+	f.withChannel(func(ch *amqp.Channel) error {
+		return ch.ExchangeDeclare(f.exchange, "topic", true, false, false, false, nil)
+	})
+	t.Cleanup(func() {
+		f.withChannel(func(ch *amqp.Channel) error { return ch.ExchangeDelete(f.exchange, false, false) })
+	})
+	return f
+}
+
+func (f *fixture) withChannel(fn func(ch *amqp.Channel) error) {
+	f.t.Helper()
+	ch, err := f.conn.Channel()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := fn(ch); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// bindQueue declares a queue bound to the exchange with key and returns its
+// deliveries.
+func (f *fixture) bindQueue(key string) <-chan amqp.Delivery {
+	f.t.Helper()
+	name := stack.UniqueName("relayq_")
+	ch, err := f.conn.Channel()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() {
+		_, _ = ch.QueueDelete(name, false, false, false)
+		ch.Close()
+	})
+	if _, err := ch.QueueDeclare(name, false, false, false, false, nil); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := ch.QueueBind(name, key, f.exchange, false, nil); err != nil {
+		f.t.Fatal(err)
+	}
+	d, err := ch.Consume(name, "", true, false, false, false, nil)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return d
+}
+
+// commit writes one event per aggregate version in its own transaction.
+func (f *fixture) commit(aggregate string, version int) domain.Event {
+	f.t.Helper()
+	tx := f.begin(aggregate, version)
+	if err := tx.tx.Commit(); err != nil {
+		f.t.Fatal(err)
+	}
+	return tx.ev
+}
+
+type heldTx struct {
+	tx *sqlx.Tx
+	ev domain.Event
+}
+
+// begin writes an event in a transaction it leaves open.
+func (f *fixture) begin(aggregate string, version int) heldTx {
+	f.t.Helper()
+	ev := domain.Event{
+		ID: domain.NewEventID(), Type: domain.EventOrderPaid, SchemaVersion: 1, AggregateType: "Order",
+		AggregateID: aggregate, AggregateVersion: version, OccurredAt: time.Now().UTC(),
+		Payload: domain.OrderPaidPayload{OrderID: aggregate, CustomerID: "c", Amount: 100, Currency: "EUR"},
+	}
+	tx, err := f.db.BeginTxx(context.Background(), nil)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := f.writer.Write(context.Background(), tx, []domain.Event{ev}); err != nil {
+		f.t.Fatal(err)
+	}
+	return heldTx{tx: tx, ev: ev}
+}
+
+func (f *fixture) config() relay.Config {
+	return relay.Config{
+		Outbox:          outbox.DefaultConfig(),
+		AMQPURL:         f.env.AMQPURL,
+		Exchange:        f.exchange,
+		PollInterval:    50 * time.Millisecond,
+		MinPollInterval: 5 * time.Millisecond,
+		RetryInterval:   50 * time.Millisecond,
+		StandbyInterval: 20 * time.Millisecond,
+	}
+}
+
+// start runs a relay until the test ends.
+func (f *fixture) start(cfg relay.Config) *relay.Outboxmill {
+	f.t.Helper()
+	r, err := relay.NewOutboxmill(f.db, cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	f.t.Cleanup(func() {
+		if err := r.Close(); err != nil {
+			f.t.Errorf("close relay: %v", err)
+		}
+		if err := <-done; err != nil {
+			f.t.Errorf("relay run: %v", err)
+		}
+	})
+	return r
+}
+
+type delivery struct {
+	id        string
+	aggregate string
+	version   int
+}
+
+// receive collects n deliveries, failing after timeout.
+func receive(t *testing.T, d <-chan amqp.Delivery, n int, timeout time.Duration) []delivery {
+	t.Helper()
+	var got []delivery
+	deadline := time.After(timeout)
+	for len(got) < n {
+		select {
+		case m := <-d:
+			v, _ := strconv.Atoi(fmt.Sprint(m.Headers[outbox.MetaAggregateVersion]))
+			id, _ := m.Headers["_watermill_message_uuid"].(string)
+			got = append(got, delivery{id: id, aggregate: fmt.Sprint(m.Headers[outbox.MetaAggregateID]), version: v})
+		case <-deadline:
+			t.Fatalf("received %d of %d deliveries within %s", len(got), n, timeout)
+		}
+	}
+	return got
+}
+
+// expectNothing fails if a delivery arrives before the relay has passed a
+// marker event committed afterwards.
+func (f *fixture) expectOnly(d <-chan amqp.Delivery, want []string) {
+	f.t.Helper()
+	marker := f.commit("marker-"+domain.NewEventID(), 1)
+	got := receive(f.t, d, len(want)+1, 30*time.Second)
+	for i, id := range want {
+		if got[i].id != id {
+			f.t.Fatalf("delivery %d is %s, want %s (all: %+v)", i, got[i].id, id, got)
+		}
+	}
+	if got[len(want)].id != marker.ID {
+		f.t.Fatalf("unexpected delivery %+v before the marker", got[len(want)])
+	}
+}
+
+func TestOutboxmill_DeliversEveryEventOnceInAggregateOrder(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	d := f.bindQueue("#")
+	const aggregates, versions = 20, 30
+	var wg sync.WaitGroup
+	for a := range aggregates {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for v := 1; v <= versions; v++ {
+				f.commit(fmt.Sprintf("agg-%d", a), v)
+			}
+		}()
+	}
+	cfg := f.config()
+	cfg.BatchSize, cfg.InFlight = 37, 8 // many batches, windows smaller than a batch
+	f.start(cfg)
+	wg.Wait()
+	got := receive(t, d, aggregates*versions, time.Minute)
+	seen := map[string]bool{}
+	last := map[string]int{}
+	for _, g := range got {
+		if seen[g.id] {
+			t.Fatalf("event %s delivered twice", g.id)
+		}
+		seen[g.id] = true
+		if g.version != last[g.aggregate]+1 {
+			t.Fatalf("aggregate %s: version %d delivered after %d", g.aggregate, g.version, last[g.aggregate])
+		}
+		last[g.aggregate] = g.version
+	}
+}
+
+func TestOutboxmill_DoesNotSkipAnOlderOpenTransaction(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	d := f.bindQueue("#")
+	f.start(f.config())
+	held := f.begin("held", 1) // lower transaction id, still open
+	later := f.commit("later", 1)
+	// While the older transaction is open nothing after it may go out.
+	select {
+	case m := <-d:
+		t.Fatalf("delivered %v while an older transaction was open", m.Headers)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := held.tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	got := receive(t, d, 2, 30*time.Second)
+	if got[0].id != held.ev.ID || got[1].id != later.ID {
+		t.Fatalf("got %+v, want the held event then the later one", got)
+	}
+}
+
+func TestOutboxmill_NeverDeliversRolledBackEvents(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	d := f.bindQueue("#")
+	f.start(f.config())
+	rolled := f.begin("rolled", 1)
+	if err := rolled.tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	ok := f.commit("ok", 1)
+	f.expectOnly(d, []string{ok.ID})
+}
+
+func TestOutboxmill_RetriesUnroutableUntilRouted(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	cfg := f.config()
+	failures := &countingMetrics{}
+	cfg.Metrics = failures
+	f.start(cfg)
+	ev := f.commit("agg", 1)
+	waitFor(t, 30*time.Second, "a returned publish", func() bool { return failures.failed() > 0 })
+	// The returned event was not dropped: once a queue is bound it arrives.
+	d := f.bindQueue("#")
+	got := receive(t, d, 1, 30*time.Second)
+	if got[0].id != ev.ID {
+		t.Fatalf("got %+v, want %s", got, ev.ID)
+	}
+}
+
+func TestOutboxmill_SetsAsideUndecodableRows(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	d := f.bindQueue("#")
+	if _, err := f.db.Exec(`INSERT INTO ` + outbox.DefaultConfig().Table() +
+		` (uuid, payload, metadata, transaction_id) VALUES ('bad-row', '{"not":"an envelope"}', '{}', pg_current_xact_id())`); err != nil {
+		t.Fatal(err)
+	}
+	ok := f.commit("ok", 1)
+	f.start(f.config())
+	f.expectOnly(d, []string{ok.ID})
+	// The position (and the set-aside record with it) is stored just after
+	// the broker confirmed the batch.
+	waitFor(t, 30*time.Second, "bad row set aside", func() bool {
+		var n int
+		return f.db.Get(&n, `SELECT count(*) FROM outbox_set_aside WHERE message_id = 'bad-row'`) == nil && n == 1
+	})
+}
+
+func TestOutboxmill_StandbyTakesOver(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	d := f.bindQueue("#")
+	first, err := relay.NewOutboxmill(f.db, f.config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstDone := make(chan error, 1)
+	go func() { firstDone <- first.Run(context.Background()) }()
+	a := f.commit("agg", 1)
+	receive(t, d, 1, 30*time.Second)
+	f.start(f.config()) // on standby while first is active
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-firstDone; err != nil {
+		t.Fatal(err)
+	}
+	b := f.commit("agg", 2)
+	got := receive(t, d, 1, 30*time.Second)
+	if got[0].id != b.ID {
+		t.Fatalf("after takeover got %+v, want %s (first was %s)", got, b.ID, a.ID)
+	}
+}
+
+func TestOutboxmill_WakeAndNotifyDeliverWithoutPolling(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	d := f.bindQueue("#")
+	cfg := f.config()
+	// Polls of a fully read outbox so rare that only a wake-up can deliver
+	// within the test.
+	cfg.PollInterval = time.Hour
+	cfg.NotifyChannel = stack.UniqueName("wake_")
+	r := f.start(cfg)
+	// The relay reads once at start; wait until it has gone idle.
+	first := f.commit("agg", 1)
+	r.Wake()
+	receive(t, d, 1, 30*time.Second)
+
+	t.Run("in-process", func(t *testing.T) {
+		ev := f.commit("agg", 2)
+		r.EventsCommitted()
+		if got := receive(t, d, 1, 30*time.Second); got[0].id != ev.ID {
+			t.Fatalf("got %+v, want %s", got, ev.ID)
+		}
+	})
+	t.Run("notification", func(t *testing.T) {
+		ev := f.commit("agg", 3)
+		relay.NewNotifier(f.db, cfg.NotifyChannel, nil).EventsCommitted()
+		if got := receive(t, d, 1, 30*time.Second); got[0].id != ev.ID {
+			t.Fatalf("got %+v, want %s", got, ev.ID)
+		}
+	})
+	_ = first
+}
+
+type countingMetrics struct {
+	mu    sync.Mutex
+	fails int
+}
+
+func (m *countingMetrics) Published(int, time.Duration) {}
+func (m *countingMetrics) PublishFailed(error) {
+	m.mu.Lock()
+	m.fails++
+	m.mu.Unlock()
+}
+func (m *countingMetrics) failed() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.fails
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
