@@ -8,8 +8,10 @@ package services
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 
+	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/domain"
 )
@@ -39,19 +41,40 @@ func ValidateNamespace(ns string) error {
 // Exchange is the topic exchange all events are published to.
 func (n Names) Exchange() string { return n.Namespace + ".events" }
 
-// SettlementQueue is the queue of the settlement service's OrderPaid handler.
-func (n Names) SettlementQueue() string { return n.Namespace + ".settlement.order-paid" }
+// SettlementLanes is how many queues the settlement service's OrderPaid
+// handler reads in parallel. Each lane queue is bound to a fixed subset of
+// the outbox shards, so an order's events stay in one lane and are handled in
+// order. It is a constant of the topology, not a setting: producers and
+// consumers must agree on it, and changing it means re-binding the queues.
+const SettlementLanes = 8
+
+// SettlementQueue is the queue of lane i of the settlement service's
+// OrderPaid handler.
+func (n Names) SettlementQueue(lane int) string {
+	return n.Namespace + ".settlement.order-paid." + strconv.Itoa(lane)
+}
 
 // Topology is the whole topology of the sample services. Both declare it at
 // start, so an OrderPaid event relayed before settlement ever ran waits in
-// settlement's queue. queueType is rabbitmq.QueueClassic or QueueQuorum.
+// settlement's queues. queueType is rabbitmq.QueueClassic or QueueQuorum.
+//
+// Settlement reads SettlementLanes queues; lane i is bound to the OrderPaid
+// routing keys of the shards s with s % SettlementLanes == i. Each lane queue
+// has a single active consumer, so several settlement instances share the
+// lanes without reordering any of them.
 func Topology(n Names, queueType string) rabbitmq.Topology {
-	return rabbitmq.Topology{
-		Exchange: n.Exchange(),
-		Queues: []rabbitmq.Queue{{
-			Name:        n.SettlementQueue(),
-			RoutingKeys: []string{domain.EventOrderPaid},
-			Type:        queueType,
-		}},
+	t := rabbitmq.Topology{Exchange: n.Exchange()}
+	for lane := range SettlementLanes {
+		var keys []string
+		for shard := lane; shard < outbox.Shards; shard += SettlementLanes {
+			keys = append(keys, domain.EventOrderPaid+"."+strconv.Itoa(shard))
+		}
+		t.Queues = append(t.Queues, rabbitmq.Queue{
+			Name:                 n.SettlementQueue(lane),
+			RoutingKeys:          keys,
+			Type:                 queueType,
+			SingleActiveConsumer: true,
+		})
 	}
+	return t
 }

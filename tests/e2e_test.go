@@ -11,6 +11,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/internal/stack"
@@ -99,8 +100,9 @@ func TestEndToEnd_OrdersAreSettledOnce(t *testing.T) {
 }
 
 // publishRaw publishes body with headers straight to the namespace's
-// exchange with routing key OrderPaid, waiting for the broker's confirm.
-func publishRaw(t *testing.T, s *stack.Stack, messageID string, body []byte, headers amqp.Table) {
+// exchange as an OrderPaid event, waiting for the broker's confirm.
+// The routing key's shard is that of routeBy (an aggregate id).
+func publishRaw(t *testing.T, s *stack.Stack, routeBy, messageID string, body []byte, headers amqp.Table) {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := rabbitmq.Dial(ctx, s.Config.Env.AMQPURL)
@@ -123,7 +125,7 @@ func publishRaw(t *testing.T, s *stack.Stack, messageID string, body []byte, hea
 		headers["_watermill_message_uuid"] = messageID
 	}
 	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, services.Names{Namespace: s.Namespace}.Exchange(),
-		domain.EventOrderPaid, true, false, amqp.Publishing{Body: body, Headers: headers, DeliveryMode: amqp.Persistent})
+		outbox.RoutingKey(domain.EventOrderPaid, routeBy), true, false, amqp.Publishing{Body: body, Headers: headers, DeliveryMode: amqp.Persistent})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,12 +151,16 @@ func TestEndToEnd_DuplicateEventSettlesOnce(t *testing.T) {
 	c := stack.NewClient()
 	eventID, orderID := domain.NewEventID(), domain.NewEventID()
 	body := paidEvent(eventID, orderID, 1250)
-	publishRaw(t, s, eventID, body, nil)
-	publishRaw(t, s, eventID, body, nil)
-	// A later marker event shows both copies were consumed: the queue is FIFO
-	// and the consumer handles one message at a time.
-	markerID, markerOrder := domain.NewEventID(), domain.NewEventID()
-	publishRaw(t, s, markerID, paidEvent(markerID, markerOrder, 100), nil)
+	publishRaw(t, s, orderID, eventID, body, nil)
+	publishRaw(t, s, orderID, eventID, body, nil)
+	// A later marker event on the same lane shows both copies were consumed:
+	// a lane is handled in order.
+	markerID := domain.NewEventID()
+	markerOrder := orderID
+	for i := 0; markerOrder == orderID || outbox.Shard(markerOrder) != outbox.Shard(orderID); i++ {
+		markerOrder = fmt.Sprintf("%s-marker-%d", orderID, i)
+	}
+	publishRaw(t, s, markerOrder, markerID, paidEvent(markerID, markerOrder, 100), nil)
 	waitFor(t, 30*time.Second, "marker settled", func() (bool, error) {
 		_, err := c.Settlement(context.Background(), s.Settlement.URL(), markerOrder)
 		return err == nil, err
@@ -190,8 +196,8 @@ func TestEndToEnd_GarbageIsSetAsideAndFlowContinues(t *testing.T) {
 	garbage[2].body = []byte(fmt.Sprintf(`{"event_id":%q,"event_type":"OrderPlaced","schema_version":1,"aggregate_type":"Order","aggregate_id":"o","aggregate_version":1,"occurred_at":"2026-01-02T03:04:05Z","payload":{}}`, garbage[2].id))
 	garbage[4].id = domain.NewEventID()
 	garbage[4].body = paidEvent(garbage[4].id, domain.NewEventID(), -5)
-	for _, g := range garbage {
-		publishRaw(t, s, g.id, g.body, g.headers)
+	for i, g := range garbage {
+		publishRaw(t, s, fmt.Sprint(i), g.id, g.body, g.headers)
 	}
 	c := stack.NewClient()
 	placeAndPay(t, c, s.Orders.URL(), 20)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"time"
 
@@ -38,8 +39,25 @@ type Envelope struct {
 	Payload          json.RawMessage `json:"payload"`
 }
 
-// Topic returns the Watermill topic (the AMQP routing key) of an event type.
-func Topic(eventType string) string { return eventType }
+// Shards is the number of shards events are spread over by aggregate. All
+// events of one aggregate go to the same shard, so a consumer that reads each
+// shard in order sees each aggregate's events in order, and can read
+// different shards in parallel.
+const Shards = 16
+
+// Shard returns the shard of an aggregate, in [0, Shards).
+func Shard(aggregateID string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(aggregateID))
+	return int(h.Sum32() % Shards)
+}
+
+// RoutingKey returns the Watermill topic, and so the AMQP routing key, of an
+// event: its type, a dot, and its aggregate's shard, e.g. "OrderPaid.7". A
+// consumer of every shard binds "OrderPaid.*".
+func RoutingKey(eventType, aggregateID string) string {
+	return eventType + "." + strconv.Itoa(Shard(aggregateID))
+}
 
 // Encode turns a domain event into a Watermill message.
 func Encode(ev domain.Event) (*message.Message, error) {

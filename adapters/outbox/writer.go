@@ -87,7 +87,7 @@ func (w *Writer) Write(ctx context.Context, tx *sqlx.Tx, events []domain.Event) 
 			return err
 		}
 		msg.SetContext(ctx)
-		if err := enveloped.Publish(Topic(ev.Type), msg); err != nil {
+		if err := enveloped.Publish(RoutingKey(ev.Type, ev.AggregateID), msg); err != nil {
 			return fmt.Errorf("write event %s to outbox: %w", ev.ID, err)
 		}
 	}

@@ -37,6 +37,10 @@ type Queue struct {
 	Type string
 	// DeadLetterExchange, when set, receives messages the queue rejects.
 	DeadLetterExchange string
+	// SingleActiveConsumer makes the broker deliver to one consumer at a
+	// time, the others standing by: the queue is consumed in order even when
+	// several instances of its consumer run.
+	SingleActiveConsumer bool
 }
 
 // Validate checks the topology.
@@ -73,6 +77,9 @@ func (q Queue) QueueArgs() amqp.Table {
 	}
 	if q.DeadLetterExchange != "" {
 		args["x-dead-letter-exchange"] = q.DeadLetterExchange
+	}
+	if q.SingleActiveConsumer {
+		args["x-single-active-consumer"] = true
 	}
 	return args
 }

@@ -28,10 +28,10 @@ func PublisherConfig(url, exchange string) wmamqp.Config {
 }
 
 // SubscriberConfig is the Watermill AMQP subscriber configuration of a
-// consumer of queue, which Declare has already declared and bound: the
-// subscriber only consumes. prefetch bounds the unacknowledged deliveries in
-// flight.
-func SubscriberConfig(url, exchange, queue string, prefetch int) wmamqp.Config {
+// consumer of queues that Declare has already declared and bound: the
+// subscriber only consumes, and the topic it subscribes to is the queue's
+// name. prefetch bounds the unacknowledged deliveries in flight per queue.
+func SubscriberConfig(url, exchange string, prefetch int) wmamqp.Config {
 	return wmamqp.Config{
 		Connection: wmamqp.ConnectionConfig{AmqpURI: url, Reconnect: wmamqp.DefaultReconnectConfig()},
 		Marshaler:  Marshaler{},
@@ -41,7 +41,7 @@ func SubscriberConfig(url, exchange, queue string, prefetch int) wmamqp.Config {
 			Durable:      true,
 		},
 		Queue: wmamqp.QueueConfig{
-			GenerateName: wmamqp.GenerateQueueNameConstant(queue),
+			GenerateName: wmamqp.GenerateQueueNameTopicName,
 			Durable:      true,
 		},
 		QueueBind: wmamqp.QueueBindConfig{

@@ -19,7 +19,6 @@ import (
 
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
-	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/handlers/httpapi"
 	"github.com/outboxmill/outboxmill/handlers/settle"
 	"github.com/outboxmill/outboxmill/middleware"
@@ -39,11 +38,12 @@ type Config struct {
 	// QueueType is the type of the queues the service declares
 	// (rabbitmq.QueueClassic or QueueQuorum); default classic.
 	QueueType string
-	// Prefetch bounds the deliveries in flight to the consumer; default 64.
+	// Prefetch bounds the deliveries in flight to each lane's consumer;
+	// default 64.
 	Prefetch int
 	// Retry configures the handler's retries before a message is set aside.
 	Retry middleware.Retry
-	// MaxDBConns bounds the database connection pool; default 8.
+	// MaxDBConns bounds the database connection pool; default 16.
 	MaxDBConns int
 	// ShutdownTimeout bounds the drain of in-flight work on shutdown;
 	// default 20 s.
@@ -66,7 +66,7 @@ func (c *Config) setDefaults() {
 		c.Prefetch = 64
 	}
 	if c.MaxDBConns == 0 {
-		c.MaxDBConns = 8
+		c.MaxDBConns = 16
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 20 * time.Second
@@ -139,7 +139,7 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 
 	wmLogger := watermill.NewSlogLogger(config.Logger)
 	s.subscriber, err = wmamqp.NewSubscriber(
-		rabbitmq.SubscriberConfig(config.AMQPURL, names.Exchange(), names.SettlementQueue(), config.Prefetch), wmLogger)
+		rabbitmq.SubscriberConfig(config.AMQPURL, names.Exchange(), config.Prefetch), wmLogger)
 	if err != nil {
 		return nil, fmt.Errorf("settlement subscriber: %w", err)
 	}
@@ -148,18 +148,19 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 		return nil, fmt.Errorf("settlement router: %w", err)
 	}
 	ledger := postgres.NewSettlementLedger(s.db)
-	handler := s.router.AddConsumerHandler(settle.HandlerName, domain.EventOrderPaid, s.subscriber, settle.NewHandler(ledger).Handle)
-	handler.AddMiddleware(
-		middleware.SetAside{
-			Store:   postgres.NewSetAsideStore(s.db),
-			Handler: settle.HandlerName,
-			Topic:   names.SettlementQueue(),
-			Logger:  config.Logger,
-		}.Middleware,
-		config.Retry.Middleware,
-		middleware.Recoverer,
-		middleware.Dedup{DB: s.db, Handler: settle.HandlerName}.Middleware,
-	)
+	settler := settle.NewHandler(ledger)
+	setAside := postgres.NewSetAsideStore(s.db)
+	// One handler per lane: lanes run in parallel, each in order.
+	for lane := range services.SettlementLanes {
+		queue := names.SettlementQueue(lane)
+		handler := s.router.AddConsumerHandler(fmt.Sprintf("%s.%d", settle.HandlerName, lane), queue, s.subscriber, settler.Handle)
+		handler.AddMiddleware(
+			middleware.SetAside{Store: setAside, Handler: settle.HandlerName, Topic: queue, Logger: config.Logger}.Middleware,
+			config.Retry.Middleware,
+			middleware.Recoverer,
+			middleware.Dedup{DB: s.db, Handler: settle.HandlerName}.Middleware,
+		)
+	}
 
 	s.listener, err = net.Listen("tcp", config.HTTPAddr)
 	if err != nil {
@@ -194,7 +195,7 @@ func (s *Service) Run(ctx context.Context) error {
 			errc <- fmt.Errorf("router: %w", err)
 		}
 	}()
-	logger.Info("settlement service running", "http_addr", s.Addr(), "queue", services.Names{Namespace: s.config.Namespace}.SettlementQueue())
+	logger.Info("settlement service running", "http_addr", s.Addr(), "lanes", services.SettlementLanes)
 
 	var runErr error
 	select {
