@@ -8,6 +8,6 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 require_go
-"$ROOT/scripts/services.sh"
-"$ROOT/scripts/build.sh"
+"$ROOT/scripts/services.sh" >&2
+"$ROOT/scripts/build.sh" >&2
 exec "$ROOT/bin/demo" -bin-dir "$ROOT/bin" "$@"

@@ -24,10 +24,12 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/outboxmill/outboxmill/internal/stack"
+	"github.com/outboxmill/outboxmill/services"
 )
 
 // Exit codes of the demo.
@@ -116,7 +118,9 @@ func parseFlags(args []string, stderr io.Writer) (config, int, error) {
 		return cfg, exitUsage, err
 	}
 	if err := cfg.validate(); err != nil {
-		fmt.Fprintf(stderr, "demo: %v\n", err)
+		for _, line := range strings.Split(err.Error(), "\n") {
+			fmt.Fprintf(stderr, "demo: %s\n", line)
+		}
 		return cfg, exitUsage, err
 	}
 	return cfg, exitOK, nil
@@ -177,19 +181,19 @@ func (d *demo) logf(format string, args ...any) {
 }
 
 func (d *demo) run(ctx context.Context) int {
-	cfg := d.cfg
-	if cfg.logDir == "" {
+	if d.cfg.logDir == "" {
 		dir, err := os.MkdirTemp("", "outboxmill-demo-")
 		if err != nil {
 			d.logf("create log directory: %v", err)
 			return exitFailed
 		}
-		cfg.logDir = dir
-	} else if err := os.MkdirAll(cfg.logDir, 0o755); err != nil {
+		d.cfg.logDir = dir
+	} else if err := os.MkdirAll(d.cfg.logDir, 0o755); err != nil {
 		d.logf("create log directory: %v", err)
 		return exitFailed
 	}
-	d.logf("service logs in %s", cfg.logDir)
+	d.logf("service logs in %s", d.cfg.logDir)
+	cfg := d.cfg
 
 	s, err := stack.New(ctx, stack.Config{
 		Env:            cfg.env,
@@ -303,7 +307,12 @@ func (d *demo) shutdown(s *stack.Stack, interrupted bool) bool {
 		}
 	}
 	if d.cfg.keep {
-		d.logf("kept databases %s and %s and broker namespace %s (exchange %s.events)", s.OrdersDB, s.SettleDB, s.Namespace, s.Namespace)
+		dbs := s.OrdersDB
+		if s.SettleDB != s.OrdersDB {
+			dbs += " and " + s.SettleDB
+		}
+		names := services.Names{Namespace: s.Namespace}
+		d.logf("kept database %s, exchange %s and queue %s", dbs, names.Exchange(), names.SettlementQueue())
 		return clean
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -106,6 +106,9 @@ type waitResult struct {
 	timedOut bool
 	// exited names a service that exited during the wait.
 	exited string
+	// backlog is the outbox backlog at the end, or -1 when it could not be
+	// read.
+	backlog int64
 }
 
 // settlePoll is how often the wait checks whether everything is settled.
@@ -114,14 +117,18 @@ const settlePoll = 100 * time.Millisecond
 // waitSettled waits until every paid order has ledger entries, timeout
 // passes after the traffic ended, or a service exits, printing progress on
 // every tick. It then compares both databases.
-func (m *monitor) waitSettled(ctx context.Context, s *stack.Stack, tr trafficResult, timeout time.Duration, tick <-chan time.Time) (waitResult, error) {
-	var res waitResult
+func (m *monitor) waitSettled(ctx context.Context, s *stack.Stack, tr trafficResult, timeout time.Duration, tick <-chan time.Time) (res waitResult, err error) {
+	res.backlog = -1
+	defer func() {
+		if n, err := m.backlog(ctx); err == nil {
+			res.backlog = n
+		}
+	}()
 	deadline := tr.ended.Add(timeout)
 	poll := time.NewTicker(settlePoll)
 	defer poll.Stop()
 	for {
-		n, err := m.settled(ctx)
-		if err == nil && n >= tr.Paid {
+		if n, err := m.settled(ctx); err == nil && n >= tr.Paid {
 			// Every order the client paid has entries; the books decide
 			// whether every order the database holds as paid does.
 			books, err := s.CheckBooks(ctx)
@@ -151,10 +158,8 @@ func (m *monitor) waitSettled(ctx context.Context, s *stack.Stack, tr trafficRes
 		case <-poll.C:
 		}
 	}
-	books, err := s.CheckBooks(ctx)
-	if err != nil {
+	if res.books, err = s.CheckBooks(ctx); err != nil {
 		return res, fmt.Errorf("check books: %w", err)
 	}
-	res.books = books
 	return res, nil
 }

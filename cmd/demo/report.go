@@ -39,7 +39,7 @@ func (r report) problems() []string {
 	if n := len(b.Wrong); n > 0 {
 		add("%d orders have wrong ledger entries (wrong sum, or entries for an order that was not paid): %s", n, sample(b.Wrong))
 	}
-	if b.Settled != b.Paid {
+	if b.Settled != b.Paid && len(b.Missing)+len(b.Doubled)+len(b.Wrong) == 0 {
 		add("%d orders are paid but %d are settled", b.Paid, b.Settled)
 	}
 	if r.wait.exited != "" {
@@ -86,6 +86,9 @@ func (r report) write(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "  API errors  %7d\n", tr.apiErrors)
+	if r.wait.backlog >= 0 {
+		fmt.Fprintf(w, "  backlog     %7d  outbox rows not yet forwarded at the end\n", r.wait.backlog)
+	}
 	if len(b.Latencies) > 0 {
 		fmt.Fprintf(w, "  latency     p50 %s  p99 %s  max %s  (OrderPaid raised -> ledger entries committed)\n",
 			ms(percentile(b.Latencies, 0.50)), ms(percentile(b.Latencies, 0.99)), ms(percentile(b.Latencies, 1)))
