@@ -92,14 +92,14 @@ func TestRun(t *testing.T) {
 	t.Run("small run settles every paid order", func(t *testing.T) {
 		for _, shared := range []bool{false, true} {
 			var out, errOut syncBuffer
-			args := []string{"-orders", "120", "-concurrency", "4", "-invalid-ratio", "0.1",
+			args := []string{"-orders", "80", "-concurrency", "4", "-invalid-ratio", "0.1",
 				"-bin-dir", binDir, "-log-dir", t.TempDir(), fmt.Sprintf("-shared-database=%v", shared)}
 			code := run(context.Background(), args, &out, &errOut)
 			report := out.String()
 			if code != exitOK {
 				t.Fatalf("shared=%v: exit %d\nstdout:\n%s\nstderr:\n%s", shared, code, report, errOut.String())
 			}
-			for _, want := range []string{"placed          120", "missing           0", "doubled           0",
+			for _, want := range []string{"placed           80", "missing           0", "doubled           0",
 				"wrong             0", "API errors        0", "latency     p50", "Result: OK"} {
 				if !strings.Contains(report, want) {
 					t.Errorf("shared=%v: report lacks %q:\n%s", shared, want, report)

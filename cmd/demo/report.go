@@ -90,7 +90,7 @@ func (r report) write(w io.Writer) {
 		fmt.Fprintf(w, "  backlog     %7d  outbox rows not yet forwarded at the end\n", r.wait.backlog)
 	}
 	if len(b.Latencies) > 0 {
-		fmt.Fprintf(w, "  latency     p50 %s  p99 %s  max %s  (OrderPaid raised -> ledger entries committed)\n",
+		fmt.Fprintf(w, "  latency     p50 %s  p99 %s  max %s  (OrderPaid raised -> ledger entries written)\n",
 			ms(percentile(b.Latencies, 0.50)), ms(percentile(b.Latencies, 0.99)), ms(percentile(b.Latencies, 1)))
 	}
 	secs := tr.duration.Seconds()
