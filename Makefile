@@ -1,0 +1,17 @@
+# Shortcuts for the scripts in scripts/, which are the primary entry points
+# (they work where make is not installed). Pass extra arguments with ARGS, for
+# example: make demo ARGS="-orders 10000".
+
+.PHONY: demo test build clean
+
+demo:
+	./scripts/demo.sh $(ARGS)
+
+test:
+	./scripts/test.sh $(ARGS)
+
+build:
+	./scripts/build.sh
+
+clean:
+	rm -rf bin

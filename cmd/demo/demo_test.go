@@ -1,0 +1,163 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxmill/outboxmill/internal/stack"
+)
+
+// binDir holds the orders and settlement commands, built once for all tests.
+var binDir string
+
+func TestMain(m *testing.M) {
+	os.Exit(func() int {
+		dir, err := os.MkdirTemp("", "outboxmill-demo-bin-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		moduleDir, err := stack.ModuleDir()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if err := stack.Build(ctx, moduleDir, dir, "orders", "settlement"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		binDir = dir
+		return m.Run()
+	}())
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+var namespaceLine = regexp.MustCompile(`broker namespace (obm_demo_[0-9a-f]+)`)
+
+// leftDatabases returns the databases of the run whose stderr is errOut that
+// still exist.
+func leftDatabases(t *testing.T, errOut string) []string {
+	t.Helper()
+	m := namespaceLine.FindStringSubmatch(errOut)
+	if m == nil {
+		t.Fatalf("no namespace in the demo's output:\n%s", errOut)
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, stack.EnvFromEnvironment().AdminDatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT datname FROM pg_database WHERE starts_with(datname, $1)`, m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
+}
+
+func TestRun(t *testing.T) {
+	t.Run("small run settles every paid order", func(t *testing.T) {
+		for _, shared := range []bool{false, true} {
+			var out, errOut syncBuffer
+			args := []string{"-orders", "80", "-concurrency", "4", "-invalid-ratio", "0.1",
+				"-bin-dir", binDir, "-log-dir", t.TempDir(), fmt.Sprintf("-shared-database=%v", shared)}
+			code := run(context.Background(), args, &out, &errOut)
+			report := out.String()
+			if code != exitOK {
+				t.Fatalf("shared=%v: exit %d\nstdout:\n%s\nstderr:\n%s", shared, code, report, errOut.String())
+			}
+			for _, want := range []string{"placed           80", "missing           0", "doubled           0",
+				"wrong             0", "API errors        0", "latency     p50", "Result: OK"} {
+				if !strings.Contains(report, want) {
+					t.Errorf("shared=%v: report lacks %q:\n%s", shared, want, report)
+				}
+			}
+			if left := leftDatabases(t, errOut.String()); len(left) > 0 {
+				t.Errorf("shared=%v: databases left behind: %v", shared, left)
+			}
+		}
+	})
+
+	t.Run("bad flags change nothing", func(t *testing.T) {
+		var out, errOut syncBuffer
+		code := run(context.Background(), []string{"-orders", "0", "-bin-dir", binDir}, &out, &errOut)
+		if code != exitUsage || !strings.Contains(errOut.String(), "-orders must be between 1 and 1000000") {
+			t.Fatalf("exit %d, stderr:\n%s", code, errOut.String())
+		}
+		if strings.Contains(errOut.String(), "databases") || out.String() != "" {
+			t.Fatalf("a run with bad flags did something:\nstdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
+		}
+	})
+
+	t.Run("interrupt stops traffic and cleans up", func(t *testing.T) {
+		ctx, interrupt := context.WithCancel(context.Background())
+		defer interrupt()
+		var out, errOut syncBuffer
+		done := make(chan int, 1)
+		go func() {
+			done <- run(ctx, []string{"-orders", "1000000", "-concurrency", "2", "-bin-dir", binDir, "-log-dir", t.TempDir()}, &out, &errOut)
+		}()
+		deadline := time.Now().Add(time.Minute)
+		for !strings.Contains(errOut.String(), "sending 1000000 orders") {
+			if time.Now().After(deadline) {
+				t.Fatalf("traffic did not start within a minute:\n%s", errOut.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		interrupt()
+		var code int
+		select {
+		case code = <-done:
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("demo did not finish within 2 minutes of the interrupt:\n%s", errOut.String())
+		}
+		if code != exitInterrupted {
+			t.Errorf("exit %d, want %d\n%s", code, exitInterrupted, errOut.String())
+		}
+		if !strings.Contains(errOut.String(), "removed the databases and broker objects") {
+			t.Errorf("no clean-up reported:\n%s", errOut.String())
+		}
+		if strings.Contains(errOut.String(), "did not stop cleanly") {
+			t.Errorf("a service did not drain:\n%s", errOut.String())
+		}
+		if left := leftDatabases(t, errOut.String()); len(left) > 0 {
+			t.Errorf("databases left behind: %v", left)
+		}
+		if out.String() != "" {
+			t.Errorf("an interrupted run printed a report:\n%s", out.String())
+		}
+	})
+}

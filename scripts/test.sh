@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: makes sure PostgreSQL and RabbitMQ are up, then
+# go vet and go test over every package. Arguments go to go test (for example
+# -run TestEndToEnd -v). Runs from any directory.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+require_go
+"$ROOT/scripts/services.sh"
+cd "$ROOT"
+go mod download
+go vet ./...
+go test -count=1 -timeout 14m ./... "$@"
