@@ -312,7 +312,7 @@ func (d *demo) shutdown(s *stack.Stack, interrupted bool) bool {
 			dbs += " and " + s.SettleDB
 		}
 		names := services.Names{Namespace: s.Namespace}
-		d.logf("kept database %s, exchange %s and queue %s", dbs, names.Exchange(), names.SettlementQueue())
+		d.logf("kept database %s, exchange %s and queues %s..%d", dbs, names.Exchange(), names.SettlementQueue(0), services.SettlementLanes-1)
 		return clean
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
