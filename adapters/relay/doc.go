@@ -1,8 +1,20 @@
-// Package relay forwards committed outbox rows to RabbitMQ.
+// Package relay forwards committed outbox rows to RabbitMQ. Two
+// implementations read the same outbox table, the same forwarder envelope
+// and the same position in Watermill's offsets table, so either can replace
+// the other by configuration (New with KindOutboxmill or KindWatermill):
 //
-// NewForwarder runs Watermill's own forwarder (components/forwarder) over
-// watermill-sql's subscriber: one message at a time, each publish waiting
-// for the broker's confirm, the offset stored after each message. A row the
-// forwarder cannot unwrap is set aside in outbox_set_aside instead of
-// blocking the outbox.
+//   - Outboxmill (the default) reads batches by an index range scan,
+//     publishes each batch on one channel with many broker confirms in flight,
+//     stores its position once per confirmed batch, is woken on commit (in
+//     process, or by a PostgreSQL notification sent after commit), and keeps a
+//     single active instance through an advisory lock;
+//   - Forwarder is Watermill's own forwarder (components/forwarder) over
+//     watermill-sql's subscriber, publishing one message at a time and waiting
+//     for each confirm.
+//
+// Both publish, wait for the broker's confirm, and only then move the
+// position: a crash re-sends at most the unconfirmed rows. Both set aside a
+// row that is not a valid envelope (table outbox_set_aside) instead of
+// blocking the rows behind it. docs/relay.md explains the design and its
+// trade-offs.
 package relay
