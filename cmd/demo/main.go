@@ -28,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outboxmill/outboxmill/internal/cli"
 	"github.com/outboxmill/outboxmill/internal/stack"
 	"github.com/outboxmill/outboxmill/services"
 )
@@ -104,8 +105,9 @@ func parseFlags(args []string, stderr io.Writer) (config, int, error) {
 	fs.StringVar(&cfg.logDir, "log-dir", "", "directory for orders.log and settlement.log (default: a new temporary directory)")
 	fs.BoolVar(&cfg.sharedDatabase, "shared-database", false, "put both services in one database instead of one each")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the databases and broker objects at the end")
-	fs.StringVar(&cfg.env.AdminDatabaseURL, "admin-database-url", env.AdminDatabaseURL, "PostgreSQL URL of a user that may create databases (env OUTBOXMILL_ADMIN_DATABASE_URL)")
-	fs.StringVar(&cfg.env.AMQPURL, "amqp-url", env.AMQPURL, "RabbitMQ URL with virtual host (env AMQP_URL)")
+	cfg.env.AdminDatabaseURL, cfg.env.AMQPURL = env.AdminDatabaseURL, env.AMQPURL
+	fs.Var(cli.NewSecretURL(&cfg.env.AdminDatabaseURL), "admin-database-url", "PostgreSQL `URL` of a user that may create databases (env OUTBOXMILL_ADMIN_DATABASE_URL)")
+	fs.Var(cli.NewSecretURL(&cfg.env.AMQPURL), "amqp-url", "RabbitMQ `URL` with virtual host (env AMQP_URL)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, exitOK, err

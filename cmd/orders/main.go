@@ -35,8 +35,10 @@ func run(args []string) int {
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	var cfg orders.Config
-	fs.StringVar(&cfg.DatabaseURL, "database-url", cli.Env("DATABASE_URL", cli.DefaultDatabaseURL), "PostgreSQL URL (env DATABASE_URL)")
-	fs.StringVar(&cfg.AMQPURL, "amqp-url", cli.Env("AMQP_URL", cli.DefaultAMQPURL), "RabbitMQ URL with virtual host (env AMQP_URL)")
+	cfg.DatabaseURL = cli.Env("DATABASE_URL", cli.DefaultDatabaseURL)
+	cfg.AMQPURL = cli.Env("AMQP_URL", cli.DefaultAMQPURL)
+	fs.Var(cli.NewSecretURL(&cfg.DatabaseURL), "database-url", "PostgreSQL `URL` (env DATABASE_URL)")
+	fs.Var(cli.NewSecretURL(&cfg.AMQPURL), "amqp-url", "RabbitMQ `URL` with virtual host (env AMQP_URL)")
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", cli.Env("HTTP_ADDR", "127.0.0.1:8080"), "HTTP listen address (env HTTP_ADDR)")
 	fs.StringVar(&cfg.Namespace, "namespace", cli.Env("OUTBOXMILL_NAMESPACE", services.DefaultNamespace), "prefix of exchange and queue names (env OUTBOXMILL_NAMESPACE)")
 	fs.StringVar(&cfg.QueueType, "queue-type", cli.Env("QUEUE_TYPE", "classic"), "type of the queues declared: classic or quorum (env QUEUE_TYPE)")

@@ -8,8 +8,10 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/signal"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -95,4 +97,35 @@ func Parse(fs *flag.FlagSet, args []string) (ok bool, code int) {
 func Fail(cmd string, err error) int {
 	fmt.Fprintf(os.Stderr, "%s: %v\n", cmd, err)
 	return 1
+}
+
+// SecretURL is a flag.Value holding a connection URL. It prints with its
+// password hidden, so that -h and error messages never show a secret taken
+// from the environment.
+type SecretURL struct{ url *string }
+
+// NewSecretURL returns a SecretURL storing into target, which holds the
+// default.
+func NewSecretURL(target *string) *SecretURL { return &SecretURL{url: target} }
+
+// Set implements flag.Value.
+func (s *SecretURL) Set(v string) error { *s.url = v; return nil }
+
+// String implements flag.Value.
+func (s *SecretURL) String() string {
+	if s == nil || s.url == nil {
+		return ""
+	}
+	return Redact(*s.url)
+}
+
+var dsnPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('[^']*'|\S+)`)
+
+// Redact hides the password of a URL (scheme://user:password@host/...) or
+// of a key=value connection string.
+func Redact(raw string) string {
+	if u, err := url.Parse(raw); err == nil && u.Scheme != "" && u.User != nil {
+		return u.Redacted()
+	}
+	return dsnPassword.ReplaceAllString(raw, "${1}xxxxx")
 }
