@@ -19,14 +19,16 @@ import (
 )
 
 // countingMigrations are migrations that fail or double their effect when
-// run twice or out of order: the first creates a table without IF NOT EXISTS,
-// each one appends a row naming itself.
-var countingMigrations = fstest.MapFS{
-	"002_second.sql": {Data: []byte(`INSERT INTO migration_log (name) VALUES ('002');`)},
-	"001_first.sql": {Data: []byte(`
-		CREATE TABLE migration_log (id SERIAL PRIMARY KEY, name TEXT NOT NULL);
-		INSERT INTO migration_log (name) VALUES ('001');`)},
-	"README.md": {Data: []byte(`not a migration`)},
+// run twice or out of order: the first creates the table log without IF NOT
+// EXISTS, each one appends a row naming itself to it.
+func countingMigrations(log string) fstest.MapFS {
+	return fstest.MapFS{
+		"002_second.sql": {Data: []byte(`INSERT INTO ` + log + ` (name) VALUES ('002');`)},
+		"001_first.sql": {Data: []byte(`
+			CREATE TABLE ` + log + ` (id SERIAL PRIMARY KEY, name TEXT NOT NULL);
+			INSERT INTO ` + log + ` (name) VALUES ('001');`)},
+		"README.md": {Data: []byte(`not a migration`)},
+	}
 }
 
 // applied returns the migrations recorded for owner, in name order.
@@ -56,11 +58,11 @@ func migrateConcurrently(t *testing.T, db *testdb.DB, n int, owner string, migra
 	t.Helper()
 	pools := make([]*sqlx.DB, n)
 	for i := range pools {
-		pool, err := postgres.Open(context.Background(), db.URL, 2)
+		pool, err := postgres.Open(context.Background(), db.URL, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = pool.Close() })
+		defer pool.Close()
 		pools[i] = pool
 	}
 	start := make(chan struct{})
@@ -79,14 +81,16 @@ func migrateConcurrently(t *testing.T, db *testdb.DB, n int, owner string, migra
 
 func TestMigrate(t *testing.T) {
 	t.Parallel()
+	// The subtests share a fresh database; each migrates its own owner and
+	// tables.
+	db := testdb.New(t)
 
 	t.Run("concurrent instances apply each migration once", func(t *testing.T) {
 		t.Parallel()
-		db := testdb.New(t)
 		for owner, migrations := range map[string]fs.FS{
 			"orders":     postgres.OrdersMigrations(),
 			"settlement": postgres.SettlementMigrations(),
-			"counting":   countingMigrations,
+			"counting":   countingMigrations("concurrent_log"),
 		} {
 			for i, err := range migrateConcurrently(t, db, 4, owner, migrations) {
 				if err != nil {
@@ -98,7 +102,7 @@ func TestMigrate(t *testing.T) {
 			}
 		}
 		var log []string
-		if err := db.SelectContext(context.Background(), &log, `SELECT name FROM migration_log ORDER BY id`); err != nil {
+		if err := db.SelectContext(context.Background(), &log, `SELECT name FROM concurrent_log ORDER BY id`); err != nil {
 			t.Fatal(err)
 		}
 		if !slices.Equal(log, []string{"001", "002"}) {
@@ -108,54 +112,53 @@ func TestMigrate(t *testing.T) {
 
 	t.Run("re-running is a no-op", func(t *testing.T) {
 		t.Parallel()
-		db := testdb.New(t)
 		ctx := context.Background()
-		if err := postgres.Migrate(ctx, db.DB, "counting", countingMigrations); err != nil {
+		migrations := countingMigrations("rerun_log")
+		if err := postgres.Migrate(ctx, db.DB, "rerun", migrations); err != nil {
 			t.Fatal(err)
 		}
 		var before []time.Time
-		if err := db.SelectContext(ctx, &before, `SELECT applied_at FROM counting_schema_migrations ORDER BY name`); err != nil {
+		if err := db.SelectContext(ctx, &before, `SELECT applied_at FROM rerun_schema_migrations ORDER BY name`); err != nil {
 			t.Fatal(err)
 		}
-		if err := postgres.Migrate(ctx, db.DB, "counting", countingMigrations); err != nil {
+		if err := postgres.Migrate(ctx, db.DB, "rerun", migrations); err != nil {
 			t.Fatalf("second run: %v", err)
 		}
 		var after []time.Time
-		if err := db.SelectContext(ctx, &after, `SELECT applied_at FROM counting_schema_migrations ORDER BY name`); err != nil {
+		if err := db.SelectContext(ctx, &after, `SELECT applied_at FROM rerun_schema_migrations ORDER BY name`); err != nil {
 			t.Fatal(err)
 		}
 		if !slices.EqualFunc(before, after, time.Time.Equal) {
 			t.Errorf("applied_at changed from %v to %v", before, after)
 		}
-		if n := db.Count(t, `SELECT count(*) FROM migration_log`); n != 2 {
-			t.Errorf("migration_log holds %d rows, want 2", n)
+		if n := db.Count(t, `SELECT count(*) FROM rerun_log`); n != 2 {
+			t.Errorf("rerun_log holds %d rows, want 2", n)
 		}
 
 		// A migration added later is applied on the next run, alone.
-		grown := fstest.MapFS{"003_third.sql": {Data: []byte(`INSERT INTO migration_log (name) VALUES ('003');`)}}
-		for name, f := range countingMigrations {
+		grown := fstest.MapFS{"003_third.sql": {Data: []byte(`INSERT INTO rerun_log (name) VALUES ('003');`)}}
+		for name, f := range migrations {
 			grown[name] = f
 		}
-		if err := postgres.Migrate(ctx, db.DB, "counting", grown); err != nil {
+		if err := postgres.Migrate(ctx, db.DB, "rerun", grown); err != nil {
 			t.Fatal(err)
 		}
-		if got := applied(t, db, "counting"); !slices.Equal(got, sqlFiles(t, grown)) {
+		if got := applied(t, db, "rerun"); !slices.Equal(got, sqlFiles(t, grown)) {
 			t.Errorf("recorded %v", got)
 		}
-		if n := db.Count(t, `SELECT count(*) FROM migration_log`); n != 3 {
-			t.Errorf("migration_log holds %d rows, want 3", n)
+		if n := db.Count(t, `SELECT count(*) FROM rerun_log`); n != 3 {
+			t.Errorf("rerun_log holds %d rows, want 3", n)
 		}
 	})
 
 	t.Run("a broken migration fails and leaves no trace", func(t *testing.T) {
 		t.Parallel()
-		db := testdb.New(t)
 		ctx := context.Background()
 		broken := fstest.MapFS{
-			"001_good.sql": {Data: []byte(`CREATE TABLE good (id INT);`)},
+			"001_good.sql": {Data: []byte(`CREATE TABLE broken_good (id INT);`)},
 			// The first statement succeeds; the second fails.
-			"002_broken.sql": {Data: []byte(`CREATE TABLE half_done (id INT); INSERT INTO no_such_table VALUES (1);`)},
-			"003_after.sql":  {Data: []byte(`CREATE TABLE after_broken (id INT);`)},
+			"002_broken.sql": {Data: []byte(`CREATE TABLE broken_half_done (id INT); INSERT INTO no_such_table VALUES (1);`)},
+			"003_after.sql":  {Data: []byte(`CREATE TABLE broken_after (id INT);`)},
 		}
 		err := postgres.Migrate(ctx, db.DB, "broken", broken)
 		if err == nil {
@@ -171,7 +174,7 @@ func TestMigrate(t *testing.T) {
 		if got := applied(t, db, "broken"); !slices.Equal(got, []string{"001_good.sql"}) {
 			t.Errorf("recorded %v, want only 001_good.sql", got)
 		}
-		for table, want := range map[string]bool{"good": true, "half_done": false, "after_broken": false} {
+		for table, want := range map[string]bool{"broken_good": true, "broken_half_done": false, "broken_after": false} {
 			var exists bool
 			if err := db.GetContext(ctx, &exists, `SELECT to_regclass($1) IS NOT NULL`, table); err != nil {
 				t.Fatal(err)
@@ -182,7 +185,7 @@ func TestMigrate(t *testing.T) {
 		}
 
 		// Once fixed, the run resumes where it stopped.
-		broken["002_broken.sql"] = &fstest.MapFile{Data: []byte(`CREATE TABLE half_done (id INT);`)}
+		broken["002_broken.sql"] = &fstest.MapFile{Data: []byte(`CREATE TABLE broken_half_done (id INT);`)}
 		if err := postgres.Migrate(ctx, db.DB, "broken", broken); err != nil {
 			t.Fatalf("after the fix: %v", err)
 		}

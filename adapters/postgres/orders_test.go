@@ -178,12 +178,16 @@ func checkFailedAtCommit(t *testing.T, err error) {
 	}
 }
 
+// The subtests of a test share its database: each checks only the orders it
+// made.
+
 func TestOrderRepository_Add(t *testing.T) {
 	t.Parallel()
+	f := newRepo(t)
+	f.failAtCommit(t)
 
 	t.Run("commits the order and its event", func(t *testing.T) {
 		t.Parallel()
-		f := newRepo(t)
 		order, events := f.add(t, "c-42")
 
 		got, err := f.repo.Get(context.Background(), order.ID())
@@ -194,9 +198,9 @@ func TestOrderRepository_Add(t *testing.T) {
 			got.Status() != domain.StatusPlaced || got.Version() != 1 {
 			t.Errorf("stored order %+v", got)
 		}
-		stored := f.db.OutboxEvents(t)
+		stored := f.eventsOf(t, order.ID())
 		if len(stored) != 1 {
-			t.Fatalf("outbox holds %d events, want 1", len(stored))
+			t.Fatalf("outbox holds %d events of the order, want 1", len(stored))
 		}
 		checkEvent(t, stored[0], events[0])
 		var payload domain.OrderPlacedPayload
@@ -210,46 +214,41 @@ func TestOrderRepository_Add(t *testing.T) {
 
 	t.Run("taken idempotency key stores nothing", func(t *testing.T) {
 		t.Parallel()
-		f := newRepo(t)
 		first, firstEvents := place(t, "c-1")
-		key := &app.IdempotencyKey{Key: "key-1", RequestHash: "hash-1"}
+		keyName := domain.NewEventID()
+		key := &app.IdempotencyKey{Key: keyName, RequestHash: "hash-1"}
 		if err := f.repo.Add(context.Background(), first, firstEvents, key); err != nil {
 			t.Fatal(err)
 		}
 		second, events := place(t, "c-2")
-		err := f.repo.Add(context.Background(), second, events, &app.IdempotencyKey{Key: "key-1", RequestHash: "hash-2"})
+		err := f.repo.Add(context.Background(), second, events, &app.IdempotencyKey{Key: keyName, RequestHash: "hash-2"})
 		if !errors.Is(err, app.ErrIdempotencyKeyTaken) {
 			t.Fatalf("got %v, want ErrIdempotencyKeyTaken", err)
 		}
 		f.checkAbsent(t, second.ID())
-		if n := f.db.CountOutbox(t); n != 1 {
-			t.Errorf("outbox holds %d rows, want only the first order's", n)
+		if evs := f.eventsOf(t, first.ID()); len(evs) != 1 {
+			t.Errorf("outbox holds %d events of the first order, want 1", len(evs))
 		}
-		orderID, hash, err := f.repo.FindByIdempotencyKey(context.Background(), "key-1")
+		orderID, hash, err := f.repo.FindByIdempotencyKey(context.Background(), keyName)
 		if err != nil || orderID != first.ID() || hash != "hash-1" {
-			t.Errorf("key-1 belongs to (%q, %q, %v), want (%q, hash-1)", orderID, hash, err, first.ID())
+			t.Errorf("the key belongs to (%q, %q, %v), want (%q, hash-1)", orderID, hash, err, first.ID())
 		}
 	})
 
 	t.Run("failure at commit stores nothing", func(t *testing.T) {
 		t.Parallel()
-		f := newRepo(t)
-		f.failAtCommit(t)
 		order, events := place(t, "fail-at-commit")
-		err := f.repo.Add(context.Background(), order, events, &app.IdempotencyKey{Key: "k", RequestHash: "h"})
+		keyName := domain.NewEventID()
+		err := f.repo.Add(context.Background(), order, events, &app.IdempotencyKey{Key: keyName, RequestHash: "h"})
 		checkFailedAtCommit(t, err)
 		f.checkAbsent(t, order.ID())
-		if n := f.db.CountOutbox(t); n != 0 {
-			t.Errorf("outbox holds %d rows, want 0", n)
-		}
-		if _, _, err := f.repo.FindByIdempotencyKey(context.Background(), "k"); !errors.Is(err, app.ErrNotFound) {
+		if _, _, err := f.repo.FindByIdempotencyKey(context.Background(), keyName); !errors.Is(err, app.ErrNotFound) {
 			t.Errorf("idempotency key stored despite the failed commit: %v", err)
 		}
 	})
 
 	t.Run("duplicate order id stores nothing", func(t *testing.T) {
 		t.Parallel()
-		f := newRepo(t)
 		order, _ := f.add(t, "c-1")
 		again, events, err := domain.PlaceOrder(order.ID(), "c-2", 99, "USD", testNow)
 		if err != nil {
@@ -259,18 +258,19 @@ func TestOrderRepository_Add(t *testing.T) {
 			t.Fatal("second Add with the same order id succeeded")
 		}
 		f.checkOrder(t, order.ID(), domain.StatusPlaced, 1)
-		if n := f.db.CountOutbox(t); n != 1 {
-			t.Errorf("outbox holds %d rows, want 1", n)
+		if evs := f.eventsOf(t, order.ID()); len(evs) != 1 || evs[0].Event.AggregateVersion != 1 {
+			t.Errorf("outbox holds %d events of the order, want only the first OrderPlaced", len(evs))
 		}
 	})
 }
 
 func TestOrderRepository_Update(t *testing.T) {
 	t.Parallel()
+	f := newRepo(t)
+	f.failAtCommit(t)
 
 	t.Run("writes the next event", func(t *testing.T) {
 		t.Parallel()
-		f := newRepo(t)
 		order, placed := f.add(t, "c-42")
 		var paid []domain.Event
 		saved, err := f.repo.Update(context.Background(), order.ID(), func(o *domain.Order) ([]domain.Event, error) {
@@ -285,9 +285,9 @@ func TestOrderRepository_Update(t *testing.T) {
 			t.Errorf("Update returned the order %s at version %d, want paid at 2", saved.Status(), saved.Version())
 		}
 		f.checkOrder(t, order.ID(), domain.StatusPaid, 2)
-		stored := f.db.OutboxEvents(t)
+		stored := f.eventsOf(t, order.ID())
 		if len(stored) != 2 {
-			t.Fatalf("outbox holds %d events, want 2", len(stored))
+			t.Fatalf("outbox holds %d events of the order, want 2", len(stored))
 		}
 		checkEvent(t, stored[0], placed[0])
 		checkEvent(t, stored[1], paid[0])
@@ -298,7 +298,6 @@ func TestOrderRepository_Update(t *testing.T) {
 
 	t.Run("failed change stores nothing", func(t *testing.T) {
 		t.Parallel()
-		f := newRepo(t)
 		order, _ := f.add(t, "c-42")
 		refused := errors.New("refused by the change")
 		_, err := f.repo.Update(context.Background(), order.ID(), func(o *domain.Order) ([]domain.Event, error) {
@@ -312,14 +311,13 @@ func TestOrderRepository_Update(t *testing.T) {
 			t.Fatalf("got %v, want the change's error", err)
 		}
 		f.checkOrder(t, order.ID(), domain.StatusPlaced, 1)
-		if n := f.db.CountOutbox(t); n != 1 {
-			t.Errorf("outbox holds %d rows, want only OrderPlaced", n)
+		if evs := f.eventsOf(t, order.ID()); len(evs) != 1 {
+			t.Errorf("outbox holds %d events of the order, want only OrderPlaced", len(evs))
 		}
 	})
 
 	t.Run("domain error stores nothing", func(t *testing.T) {
 		t.Parallel()
-		f := newRepo(t)
 		order, _ := f.add(t, "c-42")
 		_, err := f.repo.Update(context.Background(), order.ID(), func(o *domain.Order) ([]domain.Event, error) {
 			return o.Pay(1, testNow)
@@ -329,15 +327,13 @@ func TestOrderRepository_Update(t *testing.T) {
 			t.Fatalf("got %v, want a *domain.ValidationError", err)
 		}
 		f.checkOrder(t, order.ID(), domain.StatusPlaced, 1)
-		if n := f.db.CountOutbox(t); n != 1 {
-			t.Errorf("outbox holds %d rows, want only OrderPlaced", n)
+		if evs := f.eventsOf(t, order.ID()); len(evs) != 1 {
+			t.Errorf("outbox holds %d events of the order, want only OrderPlaced", len(evs))
 		}
 	})
 
 	t.Run("failure at commit stores nothing", func(t *testing.T) {
 		t.Parallel()
-		f := newRepo(t)
-		f.failAtCommit(t)
 		order, _ := f.add(t, "fail-update-at-commit")
 		_, err := f.repo.Update(context.Background(), order.ID(), func(o *domain.Order) ([]domain.Event, error) {
 			return o.Cancel(testNow)
@@ -351,7 +347,6 @@ func TestOrderRepository_Update(t *testing.T) {
 
 	t.Run("concurrent updates: one wins, the other conflicts", func(t *testing.T) {
 		t.Parallel()
-		f := newRepo(t)
 		order, _ := f.add(t, "c-42")
 
 		// Both changes wait until both have loaded the order at version 1,
@@ -410,9 +405,9 @@ func TestOrderRepository_Update(t *testing.T) {
 
 	t.Run("unknown order", func(t *testing.T) {
 		t.Parallel()
-		f := newRepo(t)
 		called := false
-		_, err := f.repo.Update(context.Background(), "no-such-order", func(o *domain.Order) ([]domain.Event, error) {
+		unknown := domain.NewEventID()
+		_, err := f.repo.Update(context.Background(), unknown, func(o *domain.Order) ([]domain.Event, error) {
 			called = true
 			return o.Cancel(testNow)
 		})
@@ -422,9 +417,7 @@ func TestOrderRepository_Update(t *testing.T) {
 		if called {
 			t.Error("change called for an unknown order")
 		}
-		if n := f.db.CountOutbox(t); n != 0 {
-			t.Errorf("outbox holds %d rows, want 0", n)
-		}
+		f.checkAbsent(t, unknown)
 	})
 }
 

@@ -116,10 +116,10 @@ func TestNewLogger(t *testing.T) {
 
 func TestParse(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		args     []string
-		ok       bool
-		code     int
+		name      string
+		args      []string
+		ok        bool
+		code      int
 		stderrHas string
 	}{
 		{"flags", []string{"-n", "3"}, true, 0, ""},
