@@ -47,6 +47,9 @@ func TestRun(t *testing.T) {
 		{"unknown queue type", []string{"-queue-type", "foo"}, nil, 1, []string{"orders: ", `queue type "foo"`}},
 		{"unknown queue type from env", nil, map[string]string{"QUEUE_TYPE": "lazy"}, 1, []string{`queue type "lazy"`}},
 		{"malformed RELAY", nil, map[string]string{"RELAY": "maybe"}, 1, []string{"orders: ", "RELAY", `"maybe"`}},
+		{"malformed RELAY_NOTIFY", nil, map[string]string{"RELAY_NOTIFY": "perhaps"}, 1, []string{"orders: ", "RELAY_NOTIFY", `"perhaps"`}},
+		{"unknown relay kind", []string{"-relay-kind", "fast"}, nil, 1, []string{"orders: ", `relay kind "fast"`}},
+		{"unknown relay kind from env", nil, map[string]string{"RELAY_KIND": "kafka"}, 1, []string{`relay kind "kafka"`}},
 		{"malformed RELAY_POLL_INTERVAL", nil, map[string]string{"RELAY_POLL_INTERVAL": "soon"}, 1, []string{"RELAY_POLL_INTERVAL", "soon"}},
 		{"negative poll interval", []string{"-relay-poll-interval", "-1s"}, nil, 1, []string{"negative"}},
 		{"unknown log level", []string{"-log-level", "loud"}, nil, 1, []string{`log level "loud"`}},
@@ -61,7 +64,7 @@ func TestRun(t *testing.T) {
 			t.Setenv("DATABASE_URL", unreachableDatabase)
 			t.Setenv("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/")
 			t.Setenv("HTTP_ADDR", "127.0.0.1:0")
-			for _, name := range []string{"RELAY", "RELAY_POLL_INTERVAL", "QUEUE_TYPE", "LOG_LEVEL", "OUTBOXMILL_NAMESPACE"} {
+			for _, name := range []string{"RELAY", "RELAY_KIND", "RELAY_NOTIFY", "RELAY_POLL_INTERVAL", "QUEUE_TYPE", "LOG_LEVEL", "OUTBOXMILL_NAMESPACE"} {
 				t.Setenv(name, "")
 			}
 			for k, v := range tc.env {
