@@ -19,6 +19,12 @@ import (
 	"github.com/outboxmill/outboxmill/internal/testdb"
 )
 
+// The tests of OrderRepository state the contract of app.OrderRepository:
+// a change commits its order row and its events together or not at all, an
+// update saves only over the version it loaded, and the commit listener is
+// told only after a commit. What they read back (outbox rows, injected
+// commit failures) is PostgreSQL's.
+
 // repoFixture is an OrderRepository on a test's own database.
 type repoFixture struct {
 	db   *testdb.DB
