@@ -116,8 +116,8 @@ func checkEvent(t *testing.T, stored testdb.OutboxEvent, want domain.Event) {
 		got.AggregateVersion != want.AggregateVersion || !got.OccurredAt.Equal(want.OccurredAt) {
 		t.Errorf("stored event %+v, want %+v", got, want)
 	}
-	if stored.DestinationTopic != outbox.Topic(want.Type) {
-		t.Errorf("destination topic %q, want %q", stored.DestinationTopic, outbox.Topic(want.Type))
+	if stored.DestinationTopic != outbox.RoutingKey(want.Type, want.AggregateID) {
+		t.Errorf("destination topic %q, want %q", stored.DestinationTopic, outbox.RoutingKey(want.Type, want.AggregateID))
 	}
 	for key, value := range map[string]string{
 		outbox.MetaEventType:        want.Type,

@@ -186,8 +186,9 @@ func TestDeclare(t *testing.T) {
 			t.Fatal(err)
 		}
 		for name, change := range map[string]func(*rabbitmq.Queue){
-			"dead-letter exchange": func(q *rabbitmq.Queue) { q.DeadLetterExchange = ns + ".dlx" },
-			"quorum type":          func(q *rabbitmq.Queue) { q.Type = rabbitmq.QueueQuorum },
+			"dead-letter exchange":   func(q *rabbitmq.Queue) { q.DeadLetterExchange = ns + ".dlx" },
+			"quorum type":            func(q *rabbitmq.Queue) { q.Type = rabbitmq.QueueQuorum },
+			"single active consumer": func(q *rabbitmq.Queue) { q.SingleActiveConsumer = true },
 		} {
 			changed := topo
 			changed.Queues = []rabbitmq.Queue{topo.Queues[0]}
