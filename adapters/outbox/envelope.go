@@ -91,8 +91,8 @@ func Encode(ev domain.Event) (*message.Message, error) {
 // or whose body and UUID disagree, gives an error wrapping ErrMalformedEvent.
 func Decode(msg *message.Message) (Envelope, error) {
 	var env Envelope
-	dec := json.NewDecoder(bytes.NewReader(msg.Payload))
-	if err := dec.Decode(&env); err != nil {
+	// json.Unmarshal, unlike a Decoder, refuses data after the first value.
+	if err := json.Unmarshal(msg.Payload, &env); err != nil {
 		return Envelope{}, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
 	}
 	switch {

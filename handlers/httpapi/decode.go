@@ -7,6 +7,8 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"reflect"
+	"strings"
 )
 
 // maxBodyBytes bounds every request body.
@@ -41,11 +43,40 @@ func bodyError(err error) error {
 	case errors.As(err, &tooLarge):
 		return &requestError{status: http.StatusRequestEntityTooLarge, code: "body_too_large",
 			message: fmt.Sprintf("body must be at most %d bytes", maxBodyBytes)}
+	case errors.As(err, &typeErr) && typeErr.Field == "":
+		return badRequest("body must be a JSON object, not " + article(typeErr.Value))
 	case errors.As(err, &typeErr):
-		return badRequest(fmt.Sprintf("field %q must be a %s", typeErr.Field, typeErr.Type))
+		return badRequest(fmt.Sprintf("field %q must be %s, not %s", typeErr.Field, article(jsonType(typeErr.Type)), article(typeErr.Value)))
 	case errors.Is(err, io.EOF):
 		return badRequest("body is empty")
 	default:
 		return badRequest("body is not valid JSON: " + err.Error())
 	}
+}
+
+// jsonType names the JSON type a Go type is decoded from.
+func jsonType(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "integer"
+	case reflect.Float32, reflect.Float64:
+		return "number"
+	case reflect.String:
+		return "string"
+	case reflect.Bool:
+		return "boolean"
+	case reflect.Slice, reflect.Array:
+		return "array"
+	default:
+		return "object"
+	}
+}
+
+// article prefixes a JSON type name or value description with "a" or "an".
+func article(s string) string {
+	if s != "" && strings.ContainsRune("aeiou", rune(s[0])) {
+		return "an " + s
+	}
+	return "a " + s
 }

@@ -132,11 +132,13 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 		return nil, fmt.Errorf("orders config: %w", err)
 	}
 	s = &Service{config: config}
-	defer func() {
+	// s is passed, not captured: "return nil, err" sets the named result s
+	// to nil before this runs, and what was opened must still be closed.
+	defer func(s *Service) {
 		if err != nil {
 			s.close()
 		}
-	}()
+	}(s)
 
 	s.db, err = postgres.Open(ctx, config.DatabaseURL, config.MaxDBConns)
 	if err != nil {

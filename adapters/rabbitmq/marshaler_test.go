@@ -1,0 +1,196 @@
+package rabbitmq_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/internal/stack"
+)
+
+const uuidHeader = wmamqp.DefaultMessageUUIDHeaderKey
+
+func TestMarshaler_Marshal(t *testing.T) {
+	t.Parallel()
+	msg := message.NewMessage("6f1c2a9e-0000-4000-8000-000000000001", []byte(`{"a":1}`))
+	msg.Metadata.Set("event_type", "OrderPaid")
+	p, err := rabbitmq.Marshaler{}.Marshal(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.DeliveryMode != amqp.Persistent {
+		t.Errorf("delivery mode %d, want persistent (%d)", p.DeliveryMode, amqp.Persistent)
+	}
+	if p.Headers[uuidHeader] != msg.UUID {
+		t.Errorf("UUID header %v, want %s", p.Headers[uuidHeader], msg.UUID)
+	}
+	if p.Headers["event_type"] != "OrderPaid" || string(p.Body) != string(msg.Payload) {
+		t.Errorf("publishing %+v does not carry the metadata and payload", p)
+	}
+
+	back, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{Headers: p.Headers, Body: p.Body})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !back.Equals(msg) {
+		t.Errorf("round trip gave %v %v %s, want %v %v %s", back.UUID, back.Metadata, back.Payload, msg.UUID, msg.Metadata, msg.Payload)
+	}
+}
+
+func TestMarshaler_Unmarshal(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2024, 5, 17, 10, 30, 0, 0, time.UTC)
+
+	t.Run("non-string headers", func(t *testing.T) {
+		t.Parallel()
+		d := amqp.Delivery{Body: []byte("body"), Headers: amqp.Table{
+			uuidHeader:         "m-1",
+			"event_type":       "OrderPaid",
+			"x-delivery-count": int32(3),
+			"long":             int64(1) << 40,
+			"float":            1.5,
+			"bool":             true,
+			"time":             at,
+			"bytes":            []byte("raw"),
+			"null":             nil,
+			"table":            amqp.Table{"k": "v", "n": int16(7)},
+			"x-death": []any{amqp.Table{
+				"count": int64(2), "reason": "rejected", "queue": "q", "time": at,
+				"exchange": "", "routing-keys": []any{"OrderPaid"},
+			}},
+		}}
+		msg, err := rabbitmq.Marshaler{}.Unmarshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg.UUID != "m-1" || string(msg.Payload) != "body" {
+			t.Errorf("message %s %q, want m-1 %q", msg.UUID, msg.Payload, "body")
+		}
+		for key, want := range map[string]string{
+			"event_type":       "OrderPaid",
+			"x-delivery-count": "3",
+			"long":             "1099511627776",
+			"float":            "1.5",
+			"bool":             "true",
+			"time":             "2024-05-17T10:30:00Z",
+			"bytes":            "raw",
+			"null":             "",
+		} {
+			if got := msg.Metadata.Get(key); got != want {
+				t.Errorf("header %s became %q, want %q", key, got, want)
+			}
+		}
+		if _, ok := msg.Metadata[uuidHeader]; ok {
+			t.Error("the UUID header is repeated in the metadata")
+		}
+
+		var table map[string]any
+		if err := json.Unmarshal([]byte(msg.Metadata.Get("table")), &table); err != nil {
+			t.Fatalf("table header %q is not JSON: %v", msg.Metadata.Get("table"), err)
+		}
+		if table["k"] != "v" || table["n"] != 7.0 {
+			t.Errorf("table header became %v", table)
+		}
+		var death []struct {
+			Count       int64    `json:"count"`
+			Reason      string   `json:"reason"`
+			Queue       string   `json:"queue"`
+			Time        string   `json:"time"`
+			RoutingKeys []string `json:"routing-keys"`
+		}
+		if err := json.Unmarshal([]byte(msg.Metadata.Get("x-death")), &death); err != nil {
+			t.Fatalf("x-death header %q is not JSON: %v", msg.Metadata.Get("x-death"), err)
+		}
+		if len(death) != 1 || death[0].Count != 2 || death[0].Reason != "rejected" || death[0].Queue != "q" ||
+			death[0].Time != "2024-05-17T10:30:00Z" || len(death[0].RoutingKeys) != 1 || death[0].RoutingKeys[0] != "OrderPaid" {
+			t.Errorf("x-death header became %+v", death)
+		}
+	})
+
+	t.Run("missing or non-string uuid", func(t *testing.T) {
+		t.Parallel()
+		for name, headers := range map[string]amqp.Table{
+			"no headers":     nil,
+			"no uuid header": {"event_type": "OrderPaid"},
+			"int uuid":       {uuidHeader: int32(5)},
+			"table uuid":     {uuidHeader: amqp.Table{"a": "b"}},
+		} {
+			msg, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{Headers: headers, Body: []byte("x")})
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+				continue
+			}
+			if msg.UUID != "" {
+				t.Errorf("%s: UUID %q, want empty", name, msg.UUID)
+			}
+		}
+	})
+
+	t.Run("headers added by the broker", func(t *testing.T) {
+		t.Parallel()
+		// A message rejected from a quorum queue is redelivered with
+		// x-delivery-count, then dead-lettered with x-death: the headers
+		// exactly as RabbitMQ sends them.
+		ns := stack.UniqueName("obm_test_")
+		work, dead := ns+".work", ns+".dead"
+		deleteAtCleanup(t, nil, work, dead)
+		ch := channel(t)
+		if _, err := ch.QueueDeclare(dead, true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclare(work, true, false, false, false, amqp.Table{
+			"x-queue-type": rabbitmq.QueueQuorum, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead,
+		}); err != nil {
+			t.Fatal(err)
+		}
+		msg := message.NewMessage("6f1c2a9e-0000-4000-8000-000000000009", []byte(`{"a":1}`))
+		msg.Metadata.Set("event_type", "OrderPaid")
+		p, err := rabbitmq.Marshaler{}.Marshal(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		publish(t, ch, "", work, p)
+
+		if err := get(t, ch, work).Nack(false, true); err != nil {
+			t.Fatal(err)
+		}
+		redelivered := get(t, ch, work)
+		if err := redelivered.Nack(false, false); err != nil {
+			t.Fatal(err)
+		}
+		deadLettered := get(t, ch, dead)
+		if err := deadLettered.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+
+		for name, d := range map[string]amqp.Delivery{"redelivered": redelivered, "dead-lettered": deadLettered} {
+			got, err := rabbitmq.Marshaler{}.Unmarshal(d)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if got.UUID != msg.UUID || string(got.Payload) != string(msg.Payload) || got.Metadata.Get("event_type") != "OrderPaid" {
+				t.Errorf("%s: got %s %s %v", name, got.UUID, got.Payload, got.Metadata)
+			}
+		}
+		if _, isString := redelivered.Headers["x-delivery-count"].(string); isString || redelivered.Headers["x-delivery-count"] == nil {
+			t.Fatalf("the broker sent x-delivery-count %#v, want a number (the case this marshaler exists for)", redelivered.Headers["x-delivery-count"])
+		}
+		got, _ := rabbitmq.Marshaler{}.Unmarshal(redelivered)
+		if got.Metadata.Get("x-delivery-count") != "1" {
+			t.Errorf("x-delivery-count became %q, want 1", got.Metadata.Get("x-delivery-count"))
+		}
+		got, _ = rabbitmq.Marshaler{}.Unmarshal(deadLettered)
+		var death []map[string]any
+		if err := json.Unmarshal([]byte(got.Metadata.Get("x-death")), &death); err != nil {
+			t.Fatalf("x-death became %q: %v", got.Metadata.Get("x-death"), err)
+		}
+		if len(death) != 1 || death[0]["queue"] != work || death[0]["reason"] != "rejected" {
+			t.Errorf("x-death became %v", death)
+		}
+	})
+}

@@ -1,0 +1,226 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/internal/stack"
+)
+
+func amqpURL() string { return stack.EnvFromEnvironment().AMQPURL }
+
+// channel opens a connection and a channel to the broker for the rest of
+// the test.
+func channel(t *testing.T) *amqp.Channel {
+	t.Helper()
+	conn, err := rabbitmq.Dial(context.Background(), amqpURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+// deleteAtCleanup deletes the queues and exchanges named when t ends.
+func deleteAtCleanup(t *testing.T, exchanges []string, queues ...string) {
+	t.Helper()
+	t.Cleanup(func() {
+		conn, err := rabbitmq.Dial(context.Background(), amqpURL())
+		if err != nil {
+			t.Errorf("clean up broker objects: %v", err)
+			return
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Errorf("clean up broker objects: %v", err)
+			return
+		}
+		defer ch.Close()
+		for _, q := range queues {
+			if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+				t.Errorf("delete queue %s: %v", q, err)
+				return
+			}
+		}
+		for _, x := range exchanges {
+			if err := ch.ExchangeDelete(x, false, false); err != nil {
+				t.Errorf("delete exchange %s: %v", x, err)
+				return
+			}
+		}
+	})
+}
+
+// get fetches one message from queue, waiting for it up to a deadline.
+func get(t *testing.T, ch *amqp.Channel, queue string) amqp.Delivery {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		d, ok, err := ch.Get(queue, false)
+		if err != nil {
+			t.Fatalf("get from %s: %v", queue, err)
+		}
+		if ok {
+			return d
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no message in %s", queue)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// queueLen returns the number of ready messages in queue.
+func queueLen(t *testing.T, ch *amqp.Channel, queue string) int {
+	t.Helper()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		t.Fatalf("inspect queue %s: %v", queue, err)
+	}
+	return q.Messages
+}
+
+// publish publishes a persistent message with routing key and waits for the
+// broker's confirm.
+func publish(t *testing.T, ch *amqp.Channel, exchange, key string, p amqp.Publishing) {
+	t.Helper()
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	conf, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), exchange, key, true, false, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := conf.WaitContext(context.Background()); err != nil || !ok {
+		t.Fatalf("publish to %s with %s not confirmed: %v", exchange, key, err)
+	}
+}
+
+func TestTopology_Validate(t *testing.T) {
+	t.Parallel()
+	queue := func(name string, keys ...string) rabbitmq.Queue { return rabbitmq.Queue{Name: name, RoutingKeys: keys} }
+	for _, tc := range []struct {
+		name string
+		topo rabbitmq.Topology
+		ok   bool
+	}{
+		{"complete", rabbitmq.Topology{Exchange: "x", Queues: []rabbitmq.Queue{queue("a", "k"), {Name: "b", RoutingKeys: []string{"k"}, Type: rabbitmq.QueueQuorum}}}, true},
+		{"exchange only", rabbitmq.Topology{Exchange: "x"}, true},
+		{"empty exchange", rabbitmq.Topology{Queues: []rabbitmq.Queue{queue("a", "k")}}, false},
+		{"queue without name", rabbitmq.Topology{Exchange: "x", Queues: []rabbitmq.Queue{queue("", "k")}}, false},
+		{"queue twice", rabbitmq.Topology{Exchange: "x", Queues: []rabbitmq.Queue{queue("a", "k"), queue("a", "l")}}, false},
+		{"queue without routing key", rabbitmq.Topology{Exchange: "x", Queues: []rabbitmq.Queue{queue("a")}}, false},
+		{"unknown queue type", rabbitmq.Topology{Exchange: "x", Queues: []rabbitmq.Queue{{Name: "a", RoutingKeys: []string{"k"}, Type: "stream"}}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.topo.Validate(); (err == nil) != tc.ok {
+				t.Errorf("Validate() = %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+func TestDeclare(t *testing.T) {
+	t.Parallel()
+
+	t.Run("declares exchange, queues and bindings, twice", func(t *testing.T) {
+		t.Parallel()
+		ns := stack.UniqueName("obm_test_")
+		topo := rabbitmq.Topology{
+			Exchange: ns + ".events",
+			Queues: []rabbitmq.Queue{
+				{Name: ns + ".classic", RoutingKeys: []string{"OrderPaid", "OrderPlaced"}},
+				{Name: ns + ".quorum", RoutingKeys: []string{"OrderPaid"}, Type: rabbitmq.QueueQuorum},
+			},
+		}
+		deleteAtCleanup(t, []string{topo.Exchange}, topo.Queues[0].Name, topo.Queues[1].Name)
+		for i := range 2 {
+			if err := rabbitmq.Declare(context.Background(), amqpURL(), topo); err != nil {
+				t.Fatalf("declare #%d: %v", i+1, err)
+			}
+		}
+
+		ch := channel(t)
+		publish(t, ch, topo.Exchange, "OrderPaid", amqp.Publishing{Body: []byte("paid"), DeliveryMode: amqp.Persistent})
+		publish(t, ch, topo.Exchange, "OrderPlaced", amqp.Publishing{Body: []byte("placed"), DeliveryMode: amqp.Persistent})
+		for queue, want := range map[string][]string{
+			topo.Queues[0].Name: {"paid", "placed"},
+			topo.Queues[1].Name: {"paid"},
+		} {
+			for _, body := range want {
+				if d := get(t, ch, queue); string(d.Body) != body {
+					t.Errorf("%s delivered %q, want %q", queue, d.Body, body)
+				}
+			}
+			if n := queueLen(t, ch, queue); n != 0 {
+				t.Errorf("%s holds %d more messages, want none", queue, n)
+			}
+		}
+
+		// The quorum queue really is one: declaring it as a classic queue
+		// is refused.
+		_, err := channel(t).QueueDeclare(topo.Queues[1].Name, true, false, false, false, nil)
+		var amqpErr *amqp.Error
+		if !errors.As(err, &amqpErr) || amqpErr.Code != amqp.PreconditionFailed {
+			t.Errorf("re-declaring the quorum queue as classic: %v, want PRECONDITION_FAILED", err)
+		}
+	})
+
+	t.Run("queue re-declared with other arguments fails", func(t *testing.T) {
+		t.Parallel()
+		ns := stack.UniqueName("obm_test_")
+		topo := rabbitmq.Topology{Exchange: ns + ".events", Queues: []rabbitmq.Queue{{Name: ns + ".q", RoutingKeys: []string{"OrderPaid"}}}}
+		deleteAtCleanup(t, []string{topo.Exchange}, topo.Queues[0].Name)
+		if err := rabbitmq.Declare(context.Background(), amqpURL(), topo); err != nil {
+			t.Fatal(err)
+		}
+		for name, change := range map[string]func(*rabbitmq.Queue){
+			"dead-letter exchange":   func(q *rabbitmq.Queue) { q.DeadLetterExchange = ns + ".dlx" },
+			"quorum type":            func(q *rabbitmq.Queue) { q.Type = rabbitmq.QueueQuorum },
+			"single active consumer": func(q *rabbitmq.Queue) { q.SingleActiveConsumer = true },
+		} {
+			changed := topo
+			changed.Queues = []rabbitmq.Queue{topo.Queues[0]}
+			change(&changed.Queues[0])
+			err := rabbitmq.Declare(context.Background(), amqpURL(), changed)
+			var amqpErr *amqp.Error
+			if !errors.As(err, &amqpErr) || amqpErr.Code != amqp.PreconditionFailed {
+				t.Errorf("%s: got %v, want PRECONDITION_FAILED", name, err)
+				continue
+			}
+			if !strings.Contains(err.Error(), topo.Queues[0].Name) {
+				t.Errorf("%s: error %q does not name the queue", name, err)
+			}
+		}
+	})
+
+	t.Run("invalid topology is refused before connecting", func(t *testing.T) {
+		t.Parallel()
+		topo := rabbitmq.Topology{Queues: []rabbitmq.Queue{{Name: "a", RoutingKeys: []string{"k"}}}}
+		err := rabbitmq.Declare(context.Background(), "amqp://guest:guest@127.0.0.1:1/", topo)
+		if want := topo.Validate(); err == nil || err.Error() != want.Error() {
+			t.Errorf("got %v, want the validation error %v", err, want)
+		}
+	})
+
+	t.Run("unreachable broker", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		topo := rabbitmq.Topology{Exchange: "x"}
+		if err := rabbitmq.Declare(ctx, "amqp://guest:guest@127.0.0.1:1/", topo); err == nil {
+			t.Error("Declare on a closed port succeeded")
+		}
+	})
+}
