@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -64,6 +65,7 @@ type Outboxmill struct {
 	wake    chan struct{}
 	closing chan struct{}
 	once    sync.Once
+	running atomic.Bool
 	done    chan struct{}
 }
 
@@ -97,9 +99,12 @@ func (r *Outboxmill) Wake() {
 func (r *Outboxmill) EventsCommitted() { r.Wake() }
 
 // Close stops the relay after the batch in flight and waits for Run to
-// return.
+// return. A relay that never ran closes at once.
 func (r *Outboxmill) Close() error {
 	r.once.Do(func() { close(r.closing) })
+	if !r.running.Load() {
+		return nil
+	}
 	select {
 	case <-r.done:
 	case <-time.After(r.config.CloseTimeout):
@@ -112,6 +117,9 @@ func (r *Outboxmill) Close() error {
 // broker unreachable, lost lock) are logged and retried with backoff; Run
 // returns only when stopped.
 func (r *Outboxmill) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("relay: Run called twice")
+	}
 	defer close(r.done)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -244,6 +244,9 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 func (s *Service) close() {
+	if s.relay != nil {
+		_ = s.relay.Close()
+	}
 	if s.listener != nil {
 		_ = s.listener.Close()
 	}
