@@ -281,3 +281,37 @@ func TestEndToEnd_IdempotencyKeyCreatesOneOrder(t *testing.T) {
 		t.Fatalf("orders stored: %d (%v), want 1", n, err)
 	}
 }
+
+func TestEndToEnd_SigtermDrainsAndLosesNothing(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, stack.Config{OrdersArgs: fastRelay})
+	ctx := context.Background()
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := stack.NewClient()
+	const n = 300
+	placeAndPay(t, c, s.Orders.URL(), n)
+	// Stop settlement gracefully while it is working through the backlog.
+	waitFor(t, time.Minute, "settlement under way", func() (bool, error) {
+		b, err := s.CheckBooks(ctx)
+		return err == nil && b.Settled > 0, err
+	})
+	if err := s.Settlement.Stop(); err != nil {
+		t.Fatalf("settlement did not drain cleanly on SIGTERM: %v", err)
+	}
+	if err := s.Orders.Stop(); err != nil {
+		t.Fatalf("orders did not drain cleanly on SIGTERM: %v", err)
+	}
+	if err := s.Orders.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Settlement.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	books := waitSettled(t, s, n, time.Minute)
+	if !books.OK() || books.Settled != n {
+		t.Fatalf("books after graceful restarts: paid=%d settled=%d missing=%v doubled=%v wrong=%v",
+			books.Paid, books.Settled, books.Missing, books.Doubled, books.Wrong)
+	}
+}
