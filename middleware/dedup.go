@@ -44,6 +44,9 @@ type Dedup struct {
 	// OnDuplicate, when set, is called for each message skipped as a
 	// duplicate.
 	OnDuplicate func(msg *message.Message)
+	// OnProcessed, when set, is called for each message whose handler ran
+	// and whose transaction committed.
+	OnProcessed func(msg *message.Message)
 }
 
 // Validate checks the configuration.
@@ -98,6 +101,9 @@ func (d Dedup) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		if err := tx.Commit(); err != nil {
 			return nil, fmt.Errorf("dedup: commit event %s: %w", msg.UUID, err)
+		}
+		if d.OnProcessed != nil {
+			d.OnProcessed(msg)
 		}
 		return out, nil
 	}

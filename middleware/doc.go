@@ -8,12 +8,17 @@
 //     it so that the messages behind it keep flowing;
 //   - Dedup records each (event id, handler) pair in processed_events in the
 //     same transaction as the handler's own writes, so a redelivered event has
-//     no second effect.
+//     no second effect;
+//   - Observe reports the outcome of each message, for metrics.
+//
+// Each reports what it does through optional callbacks (SetAside.OnSetAside,
+// Retry.OnRetry, Dedup.OnDuplicate, Dedup.OnProcessed, Observe), so that a
+// metrics adapter can count results without this package depending on it.
 //
 // The usual order, outermost first, is
 //
 //	router.AddMiddleware(middleware.Recoverer) // on the router or handler
-//	handler.AddMiddleware(setAside.Middleware, retry.Middleware, dedup.Middleware)
+//	handler.AddMiddleware(middleware.Observe(onResult), setAside.Middleware, retry.Middleware, dedup.Middleware)
 //
 // so that a panic inside the handler is retried, and a message is set aside
 // only after its last attempt.

@@ -14,6 +14,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/domain"
+	"github.com/outboxmill/outboxmill/handlers/settle"
 )
 
 // DefaultNamespace prefixes the broker objects of the sample services.
@@ -54,6 +55,31 @@ func (n Names) SettlementQueue(lane int) string {
 	return n.Namespace + ".settlement.order-paid." + strconv.Itoa(lane)
 }
 
+// Route is one consumer handler: the event types routed to it and the
+// queues it reads them from.
+type Route struct {
+	// Handler is the handler's name in processed_events and
+	// set_aside_messages.
+	Handler string
+	// EventTypes are the event types routed to the handler.
+	EventTypes []string
+	// Queues are the handler's lane queues. Queue i is bound to the routing
+	// keys of EventTypes for the outbox shards s with s % len(Queues) == i.
+	Queues []string
+}
+
+// Routes lists every consumer handler of the sample services. It is the one
+// place that says which events go to which handler: Topology binds the
+// queues from it, and reconcile compares the outbox with each handler's
+// processed events through it.
+func Routes(n Names) []Route {
+	settlement := Route{Handler: settle.HandlerName, EventTypes: []string{domain.EventOrderPaid}}
+	for lane := range SettlementLanes {
+		settlement.Queues = append(settlement.Queues, n.SettlementQueue(lane))
+	}
+	return []Route{settlement}
+}
+
 // Topology is the whole topology of the sample services. Both declare it at
 // start, so an OrderPaid event relayed before settlement ever ran waits in
 // settlement's queues. queueType is rabbitmq.QueueClassic or QueueQuorum.
@@ -64,17 +90,21 @@ func (n Names) SettlementQueue(lane int) string {
 // lanes without reordering any of them.
 func Topology(n Names, queueType string) rabbitmq.Topology {
 	t := rabbitmq.Topology{Exchange: n.Exchange()}
-	for lane := range SettlementLanes {
-		var keys []string
-		for shard := lane; shard < outbox.Shards; shard += SettlementLanes {
-			keys = append(keys, domain.EventOrderPaid+"."+strconv.Itoa(shard))
+	for _, r := range Routes(n) {
+		for lane, queue := range r.Queues {
+			var keys []string
+			for _, eventType := range r.EventTypes {
+				for shard := lane; shard < outbox.Shards; shard += len(r.Queues) {
+					keys = append(keys, eventType+"."+strconv.Itoa(shard))
+				}
+			}
+			t.Queues = append(t.Queues, rabbitmq.Queue{
+				Name:                 queue,
+				RoutingKeys:          keys,
+				Type:                 queueType,
+				SingleActiveConsumer: true,
+			})
 		}
-		t.Queues = append(t.Queues, rabbitmq.Queue{
-			Name:                 n.SettlementQueue(lane),
-			RoutingKeys:          keys,
-			Type:                 queueType,
-			SingleActiveConsumer: true,
-		})
 	}
 	return t
 }

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,7 +28,7 @@ type Config struct {
 	// Exchange is the durable topic exchange events are published to.
 	Exchange string
 	// ConsumerGroup names the relay's position in the offsets table; relays
-	// with the same group share one position. Default "relay".
+	// with the same group share one position. Default DefaultConsumerGroup.
 	ConsumerGroup string
 	// PollInterval is the longest wait between two reads of an empty outbox.
 	// Default 1 s (watermill-sql's own default).
@@ -62,7 +61,7 @@ type Config struct {
 	// NotifyChannel (outboxmill), when set, is a PostgreSQL channel the relay
 	// LISTENs on: a notification (see Notifier) wakes it at once.
 	NotifyChannel string
-	// Metrics receives the relay's measurements. Default: discarded.
+	// Metrics receives the relay's publish outcomes; default NopMetrics.
 	Metrics Metrics
 	// Logger receives the relay's logs; default slog.Default().
 	Logger *slog.Logger
@@ -70,7 +69,7 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	if c.ConsumerGroup == "" {
-		c.ConsumerGroup = "relay"
+		c.ConsumerGroup = DefaultConsumerGroup
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = time.Second
@@ -100,7 +99,7 @@ func (c *Config) setDefaults() {
 		c.CloseTimeout = 30 * time.Second
 	}
 	if c.Metrics == nil {
-		c.Metrics = noMetrics{}
+		c.Metrics = NopMetrics{}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -131,20 +130,6 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
-
-// Metrics receives a relay's measurements.
-type Metrics interface {
-	// Published is called after n events were confirmed by the broker;
-	// latency is the time from starting to publish them to their confirms.
-	Published(n int, latency time.Duration)
-	// PublishFailed is called when publishing failed and will be retried.
-	PublishFailed(err error)
-}
-
-type noMetrics struct{}
-
-func (noMetrics) Published(int, time.Duration) {}
-func (noMetrics) PublishFailed(error)          {}
 
 // Forwarder is Watermill's forwarder from the outbox to RabbitMQ.
 type Forwarder struct {
@@ -178,7 +163,8 @@ func NewForwarder(db *sqlx.DB, config Config) (*Forwarder, error) {
 	sa := &unwrapGuard{db: db, outbox: config.Outbox.Topic, logger: config.Logger}
 	fwd, err := forwarder.NewForwarder(sub, pub, logger, forwarder.Config{
 		ForwarderTopic: config.Outbox.Topic,
-		Middlewares:    []message.HandlerMiddleware{sa.middleware},
+		// The guard runs first: a row it sets aside is not a publish.
+		Middlewares: []message.HandlerMiddleware{sa.middleware, metricsMiddleware(config.Metrics)},
 	})
 	if err != nil {
 		_ = pub.Close()
@@ -213,13 +199,11 @@ type unwrapGuard struct {
 
 func (g *unwrapGuard) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		var env struct {
-			DestinationTopic string `json:"destination_topic"`
-		}
-		if err := json.Unmarshal(msg.Payload, &env); err == nil && env.DestinationTopic != "" {
+		err := CheckEnvelope(msg.Payload)
+		if err == nil {
 			return h(msg)
 		}
-		reason := "not a forwarder envelope (no destination_topic)"
+		reason := err.Error()
 		if err := SetAsideRow(msg.Context(), g.db, g.outbox, msg.UUID, msg.Payload, reason); err != nil {
 			return nil, err
 		}

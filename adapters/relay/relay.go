@@ -16,6 +16,11 @@ const (
 	KindOutboxmill = "outboxmill"
 )
 
+// DefaultConsumerGroup is the consumer group under which a relay stores its
+// position in the outbox's offsets table unless configured otherwise. The
+// backlog, stuck-event and retention queries measure "forwarded" against it.
+const DefaultConsumerGroup = "relay"
+
 // Relay forwards committed outbox rows to the broker until it is closed.
 type Relay interface {
 	// Run forwards until ctx ends or Close is called.

@@ -2,8 +2,9 @@
 // forwarding its outbox to RabbitMQ.
 //
 // Settings come from flags, whose defaults come from the environment
-// (DATABASE_URL, AMQP_URL, HTTP_ADDR, OUTBOXMILL_NAMESPACE, ...) and then from
-// defaults that work against local services. SIGINT or SIGTERM drains
+// (DATABASE_URL, AMQP_URL, HTTP_ADDR, OUTBOXMILL_NAMESPACE, STUCK_AFTER,
+// OUTBOX_RETENTION, ...) and then from defaults that work against local
+// services. SIGINT or SIGTERM drains
 // in-flight work and exits.
 package main
 
@@ -12,6 +13,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/internal/cli"
 	"github.com/outboxmill/outboxmill/services"
 	"github.com/outboxmill/outboxmill/services/orders"
@@ -33,6 +35,10 @@ func run(args []string) int {
 	if err != nil {
 		return cli.Fail(name, err)
 	}
+	stuckDefault, err := cli.EnvDuration("STUCK_AFTER", outbox.DefaultStuckAfter)
+	if err != nil {
+		return cli.Fail(name, err)
+	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	var cfg orders.Config
 	cfg.DatabaseURL = cli.Env("DATABASE_URL", cli.DefaultDatabaseURL)
@@ -46,6 +52,10 @@ func run(args []string) int {
 	fs.StringVar(&cfg.RelayKind, "relay-kind", cli.Env("RELAY_KIND", "outboxmill"), "relay implementation: outboxmill (batched, pipelined) or watermill (Watermill's forwarder) (env RELAY_KIND)")
 	fs.BoolVar(&notify, "relay-notify", notify, "wake relays in other instances with a PostgreSQL notification after each commit (env RELAY_NOTIFY=true|false)")
 	fs.DurationVar(&cfg.RelayPollInterval, "relay-poll-interval", pollDefault, "how often the relay polls an empty outbox (env RELAY_POLL_INTERVAL)")
+	fs.DurationVar(&cfg.StuckAfter, "stuck-after", stuckDefault, "age past which an unforwarded outbox event is reported stuck (env STUCK_AFTER)")
+	if err := cli.RetentionFlags(fs, &cfg.Retention); err != nil {
+		return cli.Fail(name, err)
+	}
 	logLevel := fs.String("log-level", cli.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
 	if ok, code := cli.Parse(fs, args); !ok {
 		return code

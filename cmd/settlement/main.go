@@ -3,9 +3,9 @@
 // serves them over HTTP.
 //
 // Settings come from flags, whose defaults come from the environment
-// (DATABASE_URL, AMQP_URL, HTTP_ADDR, OUTBOXMILL_NAMESPACE, ...) and then from
-// defaults that work against local services. SIGINT or SIGTERM drains
-// in-flight work and exits.
+// (DATABASE_URL, AMQP_URL, HTTP_ADDR, OUTBOXMILL_NAMESPACE, DEDUP_WINDOW,
+// ...) and then from defaults that work against local services. SIGINT or
+// SIGTERM drains in-flight work and exits.
 package main
 
 import (
@@ -32,6 +32,9 @@ func run(args []string) int {
 	fs.StringVar(&cfg.QueueType, "queue-type", cli.Env("QUEUE_TYPE", "classic"), "type of the queues declared: classic or quorum (env QUEUE_TYPE)")
 	fs.IntVar(&cfg.Prefetch, "prefetch", 64, "deliveries in flight to the consumer")
 	fs.IntVar(&cfg.Retry.MaxRetries, "max-retries", 4, "retries of a failing message before it is set aside")
+	if err := cli.RetentionFlags(fs, &cfg.Retention); err != nil {
+		return cli.Fail(name, err)
+	}
 	logLevel := fs.String("log-level", cli.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
 	if ok, code := cli.Parse(fs, args); !ok {
 		return code

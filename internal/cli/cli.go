@@ -16,6 +16,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/outboxmill/outboxmill/adapters/retention"
 )
 
 // Default local services, used when neither a flag nor the environment says
@@ -128,4 +130,26 @@ func Redact(raw string) string {
 		return u.Redacted()
 	}
 	return dsnPassword.ReplaceAllString(raw, "${1}xxxxx")
+}
+
+// RetentionFlags defines the retention policy's flags on fs, writing into
+// cfg, with defaults from OUTBOX_RETENTION, DEDUP_WINDOW and
+// RETENTION_INTERVAL; a malformed variable is an error.
+func RetentionFlags(fs *flag.FlagSet, cfg *retention.Config) error {
+	outboxRetention, err := EnvDuration("OUTBOX_RETENTION", retention.DefaultOutboxRetention)
+	if err != nil {
+		return err
+	}
+	dedupWindow, err := EnvDuration("DEDUP_WINDOW", retention.DefaultDedupWindow)
+	if err != nil {
+		return err
+	}
+	interval, err := EnvDuration("RETENTION_INTERVAL", retention.DefaultInterval)
+	if err != nil {
+		return err
+	}
+	fs.DurationVar(&cfg.OutboxRetention, "outbox-retention", outboxRetention, "how long forwarded outbox rows are kept (env OUTBOX_RETENTION)")
+	fs.DurationVar(&cfg.DedupWindow, "dedup-window", dedupWindow, "how long dedup markers are kept; must exceed -outbox-retention and the broker's redelivery horizon (env DEDUP_WINDOW)")
+	fs.DurationVar(&cfg.Interval, "retention-interval", interval, "how often retention purges run (env RETENTION_INTERVAL)")
+	return nil
 }

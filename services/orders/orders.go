@@ -10,15 +10,19 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxmill/outboxmill/adapters/metrics"
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/adapters/relay"
+	"github.com/outboxmill/outboxmill/adapters/retention"
 	"github.com/outboxmill/outboxmill/app"
 	"github.com/outboxmill/outboxmill/handlers/httpapi"
 	"github.com/outboxmill/outboxmill/services"
@@ -54,6 +58,13 @@ type Config struct {
 	// ShutdownTimeout bounds the drain of in-flight work on shutdown;
 	// default 20 s.
 	ShutdownTimeout time.Duration
+	// StuckAfter is the age past which an unforwarded outbox event is
+	// logged as stuck and counted in outboxmill_outbox_stuck_events;
+	// default outbox.DefaultStuckAfter (5 minutes).
+	StuckAfter time.Duration
+	// Retention is the retention policy; the service purges its outbox's
+	// forwarded rows by it.
+	Retention retention.Config
 	// Logger receives the service's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -85,6 +96,9 @@ func (c *Config) setDefaults() {
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 20 * time.Second
 	}
+	if c.StuckAfter == 0 {
+		c.StuckAfter = outbox.DefaultStuckAfter
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -109,8 +123,11 @@ func (c Config) Validate() error {
 	if c.RelayKind != relay.KindOutboxmill && c.RelayKind != relay.KindWatermill {
 		errs = append(errs, fmt.Errorf("relay kind %q is neither %s nor %s", c.RelayKind, relay.KindOutboxmill, relay.KindWatermill))
 	}
-	if c.RelayPollInterval < 0 || c.MaxDBConns < 0 || c.ShutdownTimeout < 0 {
+	if c.RelayPollInterval < 0 || c.MaxDBConns < 0 || c.ShutdownTimeout < 0 || c.StuckAfter < 0 {
 		errs = append(errs, errors.New("durations and sizes must not be negative"))
+	}
+	if err := c.Retention.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -120,6 +137,8 @@ type Service struct {
 	config   Config
 	db       *sqlx.DB
 	relay    relay.Relay
+	monitor  outbox.StuckMonitor
+	purger   *retention.Purger
 	server   *http.Server
 	listener net.Listener
 }
@@ -157,8 +176,16 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 		return nil, err
 	}
 
+	reg, err := s.observe(outboxConfig)
+	if err != nil {
+		return nil, err
+	}
 	var listeners commitListeners
 	if *config.Relay {
+		relayMetrics, err := metrics.NewRelay(reg, outboxConfig.Topic)
+		if err != nil {
+			return nil, err
+		}
 		relayConfig := relay.Config{
 			Outbox:       outboxConfig,
 			AMQPURL:      config.AMQPURL,
@@ -166,6 +193,7 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 			PollInterval: config.RelayPollInterval,
 			RequireRoute: topology.Routes,
 			Logger:       config.Logger,
+			Metrics:      relayMetrics,
 		}
 		if *config.RelayNotify {
 			relayConfig.NotifyChannel = relay.DefaultNotifyChannel
@@ -192,10 +220,45 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 		return nil, fmt.Errorf("listen on %s: %w", config.HTTPAddr, err)
 	}
 	s.server = &http.Server{
-		Handler:           httpapi.NewHandler(httpapi.NewOrders(app.NewOrders(repo), config.Logger)),
+		Handler: httpapi.NewHandler(
+			httpapi.NewOrders(app.NewOrders(repo), config.Logger),
+			httpapi.NewReadiness(5*time.Second, config.Logger, services.ReadyChecks(s.db, config.AMQPURL)...),
+			metrics.NewAPI(reg, config.Logger),
+		),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	return s, nil
+}
+
+// observe sets up what lets operators see and bound the outbox: the
+// metrics registry, the stuck-event monitor and the retention purger.
+func (s *Service) observe(box outbox.Config) (*prometheus.Registry, error) {
+	reg := metrics.NewRegistry()
+	reg.MustRegister(&metrics.Tables{
+		DB:            s.db,
+		Outboxes:      []outbox.Config{box},
+		ConsumerGroup: relay.DefaultConsumerGroup,
+		StuckAfter:    s.config.StuckAfter,
+		Logger:        s.config.Logger,
+	})
+	s.monitor = outbox.StuckMonitor{
+		DB:            s.db,
+		Outbox:        box,
+		ConsumerGroup: relay.DefaultConsumerGroup,
+		After:         s.config.StuckAfter,
+		Logger:        s.config.Logger,
+	}
+	retentionMetrics, err := metrics.NewRetention(reg)
+	if err != nil {
+		return nil, err
+	}
+	policy := s.config.Retention
+	policy.Logger, policy.Observe = s.config.Logger, retentionMetrics.Observe
+	if s.purger, err = retention.NewOutboxPurger(s.db, box, policy); err != nil {
+		return nil, err
+	}
+	retentionMetrics.Table(s.purger.Table())
+	return reg, nil
 }
 
 // Addr returns the address the HTTP API listens on.
@@ -207,7 +270,7 @@ func (s *Service) Addr() string { return s.listener.Addr().String() }
 func (s *Service) Run(ctx context.Context) error {
 	defer s.close()
 	logger := s.config.Logger
-	errc := make(chan error, 2)
+	errc := make(chan error, 4)
 	go func() {
 		if err := s.server.Serve(s.listener); !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("http server: %w", err)
@@ -224,6 +287,17 @@ func (s *Service) Run(ctx context.Context) error {
 	} else {
 		close(relayDone)
 	}
+	background, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	var backgroundDone sync.WaitGroup
+	for _, run := range []func(context.Context) error{s.monitor.Run, s.purger.Run} {
+		backgroundDone.Add(1)
+		go func() {
+			defer backgroundDone.Done()
+			if err := run(background); err != nil {
+				errc <- err
+			}
+		}()
+	}
 	logger.Info("orders service running", "http_addr", s.Addr(), "relay", s.relay != nil, "relay_kind", s.config.RelayKind)
 
 	var runErr error
@@ -232,6 +306,8 @@ func (s *Service) Run(ctx context.Context) error {
 	case runErr = <-errc:
 	}
 	logger.Info("orders service draining")
+	stopBackground()
+	backgroundDone.Wait()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.config.ShutdownTimeout)
 	defer cancel()
 	err := s.server.Shutdown(shutdownCtx)

@@ -10,15 +10,19 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxmill/outboxmill/adapters/metrics"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/adapters/retention"
 	"github.com/outboxmill/outboxmill/handlers/httpapi"
 	"github.com/outboxmill/outboxmill/handlers/settle"
 	"github.com/outboxmill/outboxmill/middleware"
@@ -48,6 +52,9 @@ type Config struct {
 	// ShutdownTimeout bounds the drain of in-flight work on shutdown;
 	// default 20 s.
 	ShutdownTimeout time.Duration
+	// Retention is the retention policy; the service purges its dedup
+	// markers (processed_events) by it.
+	Retention retention.Config
 	// Logger receives the service's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -98,6 +105,9 @@ func (c Config) Validate() error {
 	if err := c.Retry.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := c.Retention.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -107,6 +117,7 @@ type Service struct {
 	db         *sqlx.DB
 	subscriber *wmamqp.Subscriber
 	router     *message.Router
+	purger     *retention.Purger
 	server     *http.Server
 	listener   net.Listener
 }
@@ -149,6 +160,19 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("settlement router: %w", err)
 	}
+	reg, err := s.observe()
+	if err != nil {
+		return nil, err
+	}
+	consumerMetrics, err := metrics.NewConsumer(reg)
+	if err != nil {
+		return nil, err
+	}
+	handlerMetrics := consumerMetrics.Handler(settle.HandlerName)
+	retry := config.Retry
+	if retry.OnRetry == nil {
+		retry.OnRetry = handlerMetrics.Retried
+	}
 	ledger := postgres.NewSettlementLedger(s.db)
 	settler := settle.NewHandler(ledger)
 	setAside := postgres.NewSetAsideStore(s.db)
@@ -157,10 +181,22 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 		queue := names.SettlementQueue(lane)
 		handler := s.router.AddConsumerHandler(fmt.Sprintf("%s.%d", settle.HandlerName, lane), queue, s.subscriber, settler.Handle)
 		handler.AddMiddleware(
-			middleware.SetAside{Store: setAside, Handler: settle.HandlerName, Topic: queue, Logger: config.Logger}.Middleware,
-			config.Retry.Middleware,
+			middleware.Observe(handlerMetrics.Finished),
+			middleware.SetAside{
+				Store:      setAside,
+				Handler:    settle.HandlerName,
+				Topic:      queue,
+				Logger:     config.Logger,
+				OnSetAside: handlerMetrics.SetAside,
+			}.Middleware,
+			retry.Middleware,
 			middleware.Recoverer,
-			middleware.Dedup{DB: s.db, Handler: settle.HandlerName}.Middleware,
+			middleware.Dedup{
+				DB:          s.db,
+				Handler:     settle.HandlerName,
+				OnDuplicate: handlerMetrics.Duplicate,
+				OnProcessed: handlerMetrics.Processed,
+			}.Middleware,
 		)
 	}
 
@@ -169,10 +205,36 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 		return nil, fmt.Errorf("listen on %s: %w", config.HTTPAddr, err)
 	}
 	s.server = &http.Server{
-		Handler:           httpapi.NewHandler(httpapi.NewSettlements(ledger, config.Logger)),
+		Handler: httpapi.NewHandler(
+			httpapi.NewSettlements(ledger, config.Logger),
+			httpapi.NewReadiness(5*time.Second, config.Logger, services.ReadyChecks(s.db, config.AMQPURL)...),
+			metrics.NewAPI(reg, config.Logger),
+		),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	return s, nil
+}
+
+// observe sets up what lets operators see and bound the consumer's tables:
+// the metrics registry and the dedup-marker purger.
+func (s *Service) observe() (*prometheus.Registry, error) {
+	reg := metrics.NewRegistry()
+	reg.MustRegister(&metrics.Tables{
+		DB:       s.db,
+		Handlers: []string{settle.HandlerName},
+		Logger:   s.config.Logger,
+	})
+	retentionMetrics, err := metrics.NewRetention(reg)
+	if err != nil {
+		return nil, err
+	}
+	policy := s.config.Retention
+	policy.Logger, policy.Observe = s.config.Logger, retentionMetrics.Observe
+	if s.purger, err = retention.NewDedupPurger(s.db, policy); err != nil {
+		return nil, err
+	}
+	retentionMetrics.Table(s.purger.Table())
+	return reg, nil
 }
 
 // Addr returns the address the HTTP API listens on.
@@ -184,7 +246,7 @@ func (s *Service) Addr() string { return s.listener.Addr().String() }
 func (s *Service) Run(ctx context.Context) error {
 	defer s.close()
 	logger := s.config.Logger
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() {
 		if err := s.server.Serve(s.listener); !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("http server: %w", err)
@@ -197,6 +259,15 @@ func (s *Service) Run(ctx context.Context) error {
 			errc <- fmt.Errorf("router: %w", err)
 		}
 	}()
+	background, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	var backgroundDone sync.WaitGroup
+	backgroundDone.Add(1)
+	go func() {
+		defer backgroundDone.Done()
+		if err := s.purger.Run(background); err != nil {
+			errc <- err
+		}
+	}()
 	logger.Info("settlement service running", "http_addr", s.Addr(), "lanes", services.SettlementLanes)
 
 	var runErr error
@@ -205,6 +276,8 @@ func (s *Service) Run(ctx context.Context) error {
 	case runErr = <-errc:
 	}
 	logger.Info("settlement service draining")
+	stopBackground()
+	backgroundDone.Wait()
 	err := s.router.Close()
 	<-routerDone
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.config.ShutdownTimeout)

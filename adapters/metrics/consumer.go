@@ -1,0 +1,112 @@
+package metrics
+
+import (
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/middleware"
+)
+
+// Results of a consumed message, the values of the "result" label.
+const (
+	// ResultProcessed: the handler ran and its transaction committed.
+	ResultProcessed = "processed"
+	// ResultDuplicate: the event was processed before; acked with no effect.
+	ResultDuplicate = "duplicate"
+	// ResultFailed: the message was nacked for redelivery (an
+	// infrastructure error, or the service was stopping).
+	ResultFailed = "failed"
+	// ResultSetAside: the message was set aside after its last attempt.
+	ResultSetAside = "set_aside"
+)
+
+// Consumer counts what consumer handlers do with their messages.
+type Consumer struct {
+	results *prometheus.CounterVec
+	retries *prometheus.CounterVec
+	lag     *prometheus.HistogramVec
+}
+
+// NewConsumer returns consumer metrics registered with reg:
+//
+//	outboxmill_consumer_messages_total{handler,result}   counter
+//	outboxmill_consumer_retries_total{handler}           counter
+//	outboxmill_consumer_lag_seconds{handler}             histogram
+func NewConsumer(reg prometheus.Registerer) (*Consumer, error) {
+	results, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "consumer", Name: "messages_total",
+		Help: "Messages a handler finished, by result: processed, duplicate, failed (nacked for redelivery), set_aside.",
+	}, []string{"handler", "result"}))
+	if err != nil {
+		return nil, err
+	}
+	retries, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "consumer", Name: "retries_total",
+		Help: "Handler attempts that failed and were retried.",
+	}, []string{"handler"}))
+	if err != nil {
+		return nil, err
+	}
+	lag, err := register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Subsystem: "consumer", Name: "lag_seconds",
+		Help:    "End-to-end lag: from the event's occurred_at to its handler's commit, for processed events.",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600},
+	}, []string{"handler"}))
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{results: results, retries: retries, lag: lag}, nil
+}
+
+// Handler returns the metrics of the handler named name, whose series start
+// at zero.
+func (c *Consumer) Handler(name string) *Handler {
+	return &Handler{
+		processed: c.results.WithLabelValues(name, ResultProcessed),
+		duplicate: c.results.WithLabelValues(name, ResultDuplicate),
+		failed:    c.results.WithLabelValues(name, ResultFailed),
+		setAside:  c.results.WithLabelValues(name, ResultSetAside),
+		retries:   c.retries.WithLabelValues(name),
+		lag:       c.lag.WithLabelValues(name),
+	}
+}
+
+// Handler is one handler's metrics. Its methods fit the middleware
+// callbacks:
+//
+//	middleware.Observe(h.Finished)
+//	middleware.SetAside{OnSetAside: h.SetAside}
+//	middleware.Retry{OnRetry: h.Retried}
+//	middleware.Dedup{OnDuplicate: h.Duplicate, OnProcessed: h.Processed}
+type Handler struct {
+	processed, duplicate, failed, setAside, retries prometheus.Counter
+	lag                                             prometheus.Observer
+}
+
+// Processed counts a processed message and observes its end-to-end lag
+// from the event's occurred_at metadata, when the message has it.
+func (h *Handler) Processed(msg *message.Message) {
+	h.processed.Inc()
+	if at, err := time.Parse(time.RFC3339Nano, msg.Metadata.Get(outbox.MetaOccurredAt)); err == nil {
+		h.lag.Observe(max(0, time.Since(at).Seconds()))
+	}
+}
+
+// Duplicate counts a message skipped as a duplicate.
+func (h *Handler) Duplicate(*message.Message) { h.duplicate.Inc() }
+
+// SetAside counts a message set aside.
+func (h *Handler) SetAside(middleware.SetAsideMessage) { h.setAside.Inc() }
+
+// Retried counts a failed attempt that is retried.
+func (h *Handler) Retried(*message.Message, int, error) { h.retries.Inc() }
+
+// Finished counts a message the handler chain failed (so it is nacked).
+func (h *Handler) Finished(_ *message.Message, err error) {
+	if err != nil {
+		h.failed.Inc()
+	}
+}

@@ -1,0 +1,154 @@
+package metrics
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/relay"
+)
+
+// Tables is a collector that reads gauges from a service's database on each
+// scrape:
+//
+//	outboxmill_outbox_backlog{outbox}                            gauge
+//	outboxmill_outbox_oldest_unforwarded_age_seconds{outbox}     gauge
+//	outboxmill_outbox_stuck_events{outbox}                       gauge
+//	outboxmill_outbox_set_aside_rows{outbox}                     gauge
+//	outboxmill_consumer_set_aside_messages{handler}              gauge
+//	outboxmill_db_oldest_transaction_age_seconds                 gauge
+//	outboxmill_db_oldest_writing_transaction_age_seconds         gauge
+//	outboxmill_db_up                                             gauge
+//
+// The outbox gauges are reported for each of Outboxes, the set-aside
+// messages for each of Handlers (and any other handler found in the table).
+type Tables struct {
+	// DB is the service's database. Required.
+	DB *sqlx.DB
+	// Outboxes are the outboxes in DB to describe (a producer's).
+	Outboxes []outbox.Config
+	// ConsumerGroup is the relay group whose position counts as
+	// forwarded; default relay.DefaultConsumerGroup.
+	ConsumerGroup string
+	// StuckAfter is the age past which an unforwarded event counts as
+	// stuck; default outbox.DefaultStuckAfter.
+	StuckAfter time.Duration
+	// Handlers are the consumer handlers whose set-aside messages are
+	// counted (a consumer's), reported even when they have none.
+	Handlers []string
+	// Timeout bounds the queries of one scrape; default 5 s.
+	Timeout time.Duration
+	// Logger receives query errors; default slog.Default().
+	Logger *slog.Logger
+}
+
+var (
+	descBacklog = prometheus.NewDesc(Namespace+"_outbox_backlog",
+		"Outbox rows committed but not yet forwarded by the relay.", []string{"outbox"}, nil)
+	descOldestAge = prometheus.NewDesc(Namespace+"_outbox_oldest_unforwarded_age_seconds",
+		"Age of the oldest outbox row not yet forwarded; 0 when the backlog is empty.", []string{"outbox"}, nil)
+	descStuck = prometheus.NewDesc(Namespace+"_outbox_stuck_events",
+		"Outbox rows not forwarded for longer than the stuck threshold.", []string{"outbox"}, nil)
+	descOutboxSetAside = prometheus.NewDesc(Namespace+"_outbox_set_aside_rows",
+		"Outbox rows the relay could not forward and set aside in outbox_set_aside.", []string{"outbox"}, nil)
+	descConsumerSetAside = prometheus.NewDesc(Namespace+"_consumer_set_aside_messages",
+		"Consumer messages set aside in set_aside_messages, waiting for replay or discard.", []string{"handler"}, nil)
+	descOldestXact = prometheus.NewDesc(Namespace+"_db_oldest_transaction_age_seconds",
+		"Age of the oldest open transaction of any client session on the database server; 0 when none.", nil, nil)
+	descOldestWritingXact = prometheus.NewDesc(Namespace+"_db_oldest_writing_transaction_age_seconds",
+		"Age of the oldest open transaction holding a transaction id on the database server; the relay cannot pass rows committed after it started.", nil, nil)
+	descUp = prometheus.NewDesc(Namespace+"_db_up",
+		"1 when the last scrape's database queries succeeded, 0 otherwise.", nil, nil)
+)
+
+func (t *Tables) setDefaults() {
+	if t.ConsumerGroup == "" {
+		t.ConsumerGroup = relay.DefaultConsumerGroup
+	}
+	if t.StuckAfter == 0 {
+		t.StuckAfter = outbox.DefaultStuckAfter
+	}
+	if t.Timeout == 0 {
+		t.Timeout = 5 * time.Second
+	}
+	if t.Logger == nil {
+		t.Logger = slog.Default()
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (t *Tables) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descBacklog, descOldestAge, descStuck, descOutboxSetAside,
+		descConsumerSetAside, descOldestXact, descOldestWritingXact, descUp} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector. A failed query leaves its gauges
+// out and sets outboxmill_db_up to 0.
+func (t *Tables) Collect(ch chan<- prometheus.Metric) {
+	t.setDefaults()
+	ctx, cancel := context.WithTimeout(context.Background(), t.Timeout)
+	defer cancel()
+	up := 1.0
+	fail := func(what string, err error) {
+		up = 0
+		t.Logger.Warn("metrics: read "+what, "err", err)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+
+	for _, box := range t.Outboxes {
+		st, err := outbox.Inspect(ctx, t.DB, box, t.ConsumerGroup, t.StuckAfter)
+		if err != nil {
+			fail("outbox", err)
+			continue
+		}
+		gauge(descBacklog, float64(st.Backlog), box.Topic)
+		gauge(descOldestAge, st.OldestUnforwardedAge.Seconds(), box.Topic)
+		gauge(descStuck, float64(st.Stuck), box.Topic)
+	}
+	if len(t.Outboxes) > 0 {
+		if counts, err := relay.CountSetAside(ctx, t.DB); err != nil {
+			fail("set-aside outbox rows", err)
+		} else {
+			for _, box := range t.Outboxes {
+				gauge(descOutboxSetAside, float64(counts[box.Topic]), box.Topic)
+			}
+		}
+	}
+	if len(t.Handlers) > 0 {
+		if counts, err := postgres.NewSetAsideStore(t.DB).Counts(ctx); err != nil {
+			fail("set-aside messages", err)
+		} else {
+			for _, h := range t.Handlers {
+				if _, ok := counts[h]; !ok {
+					counts[h] = 0
+				}
+			}
+			for h, n := range counts {
+				gauge(descConsumerSetAside, float64(n), h)
+			}
+		}
+	}
+	if oldest, writing, err := postgres.OldestTransactions(ctx, t.DB); err != nil {
+		fail("open transactions", err)
+	} else {
+		gauge(descOldestXact, age(oldest))
+		gauge(descOldestWritingXact, age(writing))
+	}
+	gauge(descUp, up)
+}
+
+func age(t *postgres.OpenTransaction) float64 {
+	if t == nil {
+		return 0
+	}
+	return t.Age.Seconds()
+}
