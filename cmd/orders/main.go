@@ -4,8 +4,7 @@
 // Settings come from flags, whose defaults come from the environment
 // (DATABASE_URL, AMQP_URL, HTTP_ADDR, OUTBOXMILL_NAMESPACE, STUCK_AFTER,
 // OUTBOX_RETENTION, ...) and then from defaults that work against local
-// services. SIGINT or SIGTERM drains
-// in-flight work and exits.
+// services. SIGINT or SIGTERM drains in-flight work and exits.
 package main
 
 import (
