@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		if err := stack.Build(ctx, moduleDir, dir, "orders", "settlement"); err != nil {
+		if err := stack.Build(ctx, moduleDir, dir, "orders", "settlement", "outboxctl"); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
