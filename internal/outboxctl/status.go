@@ -122,7 +122,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 func printStatus(w io.Writer, st StatusJSON) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	ob := st.Outbox
-	fmt.Fprintf(tw, "OUTBOX %s\n", ob.Outbox)
+	fmt.Fprintf(tw, "OUTBOX %s\t\n", ob.Outbox)
 	fmt.Fprintf(tw, "  backlog\t%d\n", ob.Backlog)
 	if ob.OldestUnforwardedAt != nil {
 		fmt.Fprintf(tw, "  oldest unforwarded\t%s (committed %s)\n", roundAge(ob.OldestUnforwardedAge), ob.OldestUnforwardedAt.UTC().Format(time.RFC3339))
@@ -141,7 +141,7 @@ func printStatus(w io.Writer, st StatusJSON) {
 		}
 	}
 	fmt.Fprintf(tw, "  set-aside rows\t%d\n", st.OutboxSetAside)
-	fmt.Fprintf(tw, "DATABASE SERVER (orders)\n")
+	fmt.Fprintf(tw, "DATABASE SERVER (orders)\t\n")
 	fmt.Fprintf(tw, "  oldest open transaction\t%s\n", describeTx(st.OldestTransaction))
 	fmt.Fprintf(tw, "  oldest writing transaction\t%s\n", describeTx(st.OldestWritingTransaction))
 	tw.Flush()
