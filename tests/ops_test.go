@@ -186,8 +186,8 @@ func TestMetrics_MoveWithTraffic(t *testing.T) {
 	if v := metric(t, after, published); v < 2*n {
 		t.Errorf("published = %v, want at least %d", v, 2*n)
 	}
-	if v, c := metric(t, after, published), metric(t, after, publishCount); v != c {
-		t.Errorf("published %v events but observed %v publish latencies", v, c)
+	if v, c := metric(t, after, published), metric(t, after, publishCount); c < 1 || c > v {
+		t.Errorf("published %v events in %v publish calls", v, c)
 	}
 	if v := metric(t, after, publishFailed); v != 0 {
 		t.Errorf("publish failures = %v, want 0", v)
@@ -203,17 +203,17 @@ func TestMetrics_MoveWithTraffic(t *testing.T) {
 	}
 
 	t.Run("duplicate", func(t *testing.T) {
-		id := domain.NewEventID()
-		body := paidEvent(id, domain.NewEventID(), 500)
-		publishRaw(t, s, id, body, nil)
-		publishRaw(t, s, id, body, nil)
+		id, orderID := domain.NewEventID(), domain.NewEventID()
+		body := paidEvent(id, orderID, 500)
+		publishRaw(t, s, orderID, id, body, nil)
+		publishRaw(t, s, orderID, id, body, nil)
 		waitMetric(t, settlement, result("duplicate"), 30*time.Second, "duplicate counted", func(v float64) bool { return v == 1 })
 		if v := metric(t, scrape(t, settlement), result("processed")); v != n+1 {
 			t.Errorf("processed = %v, want %d", v, n+1)
 		}
 	})
 	t.Run("set aside", func(t *testing.T) {
-		publishRaw(t, s, domain.NewEventID(), []byte("garbage"), nil)
+		publishRaw(t, s, "garbage", domain.NewEventID(), []byte("garbage"), nil)
 		waitMetric(t, settlement, result("set_aside"), 30*time.Second, "set-aside counted", func(v float64) bool { return v == 1 })
 		if v := metric(t, scrape(t, settlement), setAsideGauge); v != 1 {
 			t.Errorf("set-aside messages gauge = %v, want 1", v)
@@ -227,7 +227,7 @@ func TestMetrics_MoveWithTraffic(t *testing.T) {
 		if _, err := db.Exec(ctx, `ALTER TABLE set_aside_messages RENAME TO set_aside_messages_away`); err != nil {
 			t.Fatal(err)
 		}
-		publishRaw(t, s, domain.NewEventID(), []byte("more garbage"), nil)
+		publishRaw(t, s, "more garbage", domain.NewEventID(), []byte("more garbage"), nil)
 		waitMetric(t, settlement, result("failed"), 30*time.Second, "failure counted", func(v float64) bool { return v >= 1 })
 		if _, err := db.Exec(ctx, `ALTER TABLE set_aside_messages_away RENAME TO set_aside_messages`); err != nil {
 			t.Fatal(err)
@@ -250,6 +250,33 @@ func TestMetrics_MoveWithTraffic(t *testing.T) {
 		waitMetric(t, orders, "outboxmill_db_oldest_transaction_age_seconds", 10*time.Second,
 			"open transaction reported", func(v float64) bool { return v >= 1 })
 	})
+}
+
+func TestMetrics_RelayKinds(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []string{"outboxmill", "watermill"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			s := newStack(t, stack.Config{})
+			if _, err := s.StartOrders(context.Background(), "-relay-kind", kind, "-relay-poll-interval", "50ms"); err != nil {
+				t.Fatal(err)
+			}
+			const n = 5
+			placeAndPay(t, stack.NewClient(), s.Orders.URL(), n)
+			waitMetric(t, s.Orders.URL(), published, 30*time.Second, "events published", func(v float64) bool { return v >= 2*n })
+			waitMetric(t, s.Orders.URL(), backlog, 30*time.Second, "backlog drained", func(v float64) bool { return v == 0 })
+			m := scrape(t, s.Orders.URL())
+			if v := metric(t, m, published); v != 2*n {
+				t.Errorf("published = %v, want %d", v, 2*n)
+			}
+			if c := metric(t, m, publishCount); c < 1 || c > 2*n {
+				t.Errorf("%v publish latencies observed for %d events", c, 2*n)
+			}
+			if v := metric(t, m, publishFailed); v != 0 {
+				t.Errorf("publish failures = %v, want 0", v)
+			}
+		})
+	}
 }
 
 func TestOutboxctl_StuckRelayAndPurge(t *testing.T) {
@@ -489,7 +516,7 @@ func TestOutboxctl_SetAside(t *testing.T) {
 		}
 	})
 	t.Run("discard", func(t *testing.T) {
-		publishRaw(t, s, domain.NewEventID(), []byte("garbage"), nil)
+		publishRaw(t, s, "garbage", domain.NewEventID(), []byte("garbage"), nil)
 		var list []SetAsideEntry
 		waitFor(t, 30*time.Second, "garbage set aside", func() (bool, error) {
 			list = listSetAside(t, s)
@@ -549,7 +576,7 @@ func TestOutboxctl_Reconcile(t *testing.T) {
 
 	type report struct {
 		Handlers []struct {
-			Handler                      string
+			Handler                       string
 			Committed, Processed, Missing int64
 		} `json:"handlers"`
 		Missing []struct {

@@ -47,7 +47,8 @@ type PendingEvent struct {
 	// EventID is the event's ID (the message UUID inside the envelope), or
 	// the row's own UUID when the row is not an envelope.
 	EventID string `json:"event_id"`
-	// EventType is the envelope's destination topic (the event type).
+	// EventType is the event's type, empty for a row that is not an
+	// envelope.
 	EventType string `json:"event_type"`
 	// CreatedAt is when the row was written.
 	CreatedAt time.Time `json:"created_at"`
@@ -109,6 +110,16 @@ func afterArgs(p *Position) (string, int64) {
 // on the primary key, it is an index range scan.
 const unforwarded = `(m.transaction_id, m."offset") > ($1::xid8, $2::bigint)`
 
+// SQL expressions over an outbox row aliased m: the event's ID and type, as
+// Writer stores them in Watermill's forwarder envelope (the event's message
+// UUID, and its event_type metadata; the destination topic is a routing key
+// that may carry more than the type). A row that is not an envelope has its
+// own UUID and an empty type.
+const (
+	EventIDSQL   = `coalesce(m.payload::jsonb ->> 'uuid', m.uuid)`
+	EventTypeSQL = `coalesce(m.payload::jsonb -> 'metadata' ->> '` + MetaEventType + `', '')`
+)
+
 // createdAt turns the row's created_at (a timestamp without time zone,
 // written in the session's time zone) into an absolute time.
 const createdAt = `(m.created_at AT TIME ZONE current_setting('TimeZone'))`
@@ -152,8 +163,8 @@ func StuckEvents(ctx context.Context, db sqlx.QueryerContext, cfg Config, group 
 	}
 	tx, off := afterArgs(positionOf(positions, group))
 	rows, err := db.QueryxContext(ctx, `
-		SELECT coalesce(m.payload::jsonb ->> 'uuid', m.uuid),
-		       coalesce(m.payload::jsonb ->> 'destination_topic', ''),
+		SELECT `+EventIDSQL+`,
+		       `+EventTypeSQL+`,
 		       `+createdAt+`,
 		       extract(epoch FROM now() - `+createdAt+`)
 		FROM `+cfg.Table()+` m

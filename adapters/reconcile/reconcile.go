@@ -150,14 +150,13 @@ func Run(ctx context.Context, config Config) (Report, error) {
 // looks their ids up in the consumer's tables a batch at a time.
 func checkRoute(ctx context.Context, c Config, route Route, txid string, off int64, sum *Summary) ([]Missing, error) {
 	rows, err := c.Producer.QueryxContext(ctx, `
-		SELECT m.payload::jsonb ->> 'uuid',
-		       m.payload::jsonb ->> 'destination_topic',
+		SELECT `+outbox.EventIDSQL+`,
+		       `+outbox.EventTypeSQL+`,
 		       m.created_at AT TIME ZONE current_setting('TimeZone'),
 		       extract(epoch FROM now() - (m.created_at AT TIME ZONE current_setting('TimeZone'))),
 		       (m.transaction_id, m."offset") > ($1::xid8, $2::bigint)
 		FROM `+c.Outbox.Table()+` m
-		WHERE m.payload::jsonb ->> 'destination_topic' = ANY($3)
-		  AND m.payload::jsonb ->> 'uuid' IS NOT NULL
+		WHERE `+outbox.EventTypeSQL+` = ANY($3)
 		  AND (m.created_at AT TIME ZONE current_setting('TimeZone')) < now() - $4::bigint * interval '1 microsecond'
 		ORDER BY m.transaction_id, m."offset"`,
 		txid, off, route.EventTypes, c.OlderThan.Microseconds())

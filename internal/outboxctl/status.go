@@ -32,11 +32,12 @@ type StatusJSON struct {
 
 // HandlerStatus is one consumer handler's part of the status.
 type HandlerStatus struct {
-	Handler   string `json:"handler"`
-	Queue     string `json:"queue"`
-	Processed int64  `json:"processed"`
-	SetAside  int64  `json:"set_aside"`
-	// Queued is the number of ready messages in the handler's queue; nil
+	Handler string `json:"handler"`
+	// Queues are the handler's (lane) queues.
+	Queues    []string `json:"queues"`
+	Processed int64    `json:"processed"`
+	SetAside  int64    `json:"set_aside"`
+	// Queued is the number of ready messages in the handler's queues; nil
 	// when the broker could not be asked.
 	Queued *int `json:"queued"`
 }
@@ -92,16 +93,20 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	routes := servicesRoutes(o)
 	var queues []string
 	for _, r := range routes {
-		queues = append(queues, r.Queue)
+		queues = append(queues, r.Queues...)
 	}
 	depths, err := rabbitmq.QueueDepths(ctx, o.amqpURL, queues)
 	if err != nil {
 		st.BrokerError = err.Error()
 	}
 	for _, r := range routes {
-		h := HandlerStatus{Handler: r.Handler, Queue: r.Queue, Processed: processed[r.Handler], SetAside: setAside[r.Handler]}
-		if d, ok := depths[r.Queue]; ok {
-			h.Queued = &d
+		h := HandlerStatus{Handler: r.Handler, Queues: r.Queues, Processed: processed[r.Handler], SetAside: setAside[r.Handler]}
+		if err == nil {
+			queued := 0
+			for _, q := range r.Queues {
+				queued += depths[q]
+			}
+			h.Queued = &queued
 		}
 		st.Handlers = append(st.Handlers, h)
 	}
@@ -148,13 +153,13 @@ func printStatus(w io.Writer, st StatusJSON) {
 
 	fmt.Fprintln(w, "HANDLERS")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "  HANDLER\tQUEUE\tPROCESSED\tSET ASIDE\tQUEUED")
+	fmt.Fprintln(tw, "  HANDLER\tQUEUES\tPROCESSED\tSET ASIDE\tQUEUED")
 	for _, h := range st.Handlers {
 		queued := "-"
 		if h.Queued != nil {
 			queued = fmt.Sprint(*h.Queued)
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%s\n", h.Handler, h.Queue, h.Processed, h.SetAside, queued)
+		fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%s\n", h.Handler, queueNames(h.Queues), h.Processed, h.SetAside, queued)
 	}
 	tw.Flush()
 	if st.BrokerError != "" {
@@ -201,4 +206,16 @@ func sortedKeys(m map[string]string) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// queueNames shows a handler's queues: the one, or the first and a count.
+func queueNames(queues []string) string {
+	switch len(queues) {
+	case 0:
+		return "-"
+	case 1:
+		return queues[0]
+	default:
+		return fmt.Sprintf("%s (+%d lanes)", queues[0], len(queues)-1)
+	}
 }
