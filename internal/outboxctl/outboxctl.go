@@ -172,7 +172,11 @@ func parse(fs *flag.FlagSet, o *options, args []string, nargs int, what string) 
 	for {
 		if err := fs.Parse(args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
-				fmt.Fprintf(o.stdout, "usage: %s %s [flags]\n\nFlags:\n", fs.Name(), what)
+				fmt.Fprintf(o.stdout, "usage: %s [flags]\n", fs.Name())
+				if what != "" {
+					fmt.Fprintf(o.stdout, "arguments: %s\n", what)
+				}
+				fmt.Fprintf(o.stdout, "\nFlags:\n")
 				fs.SetOutput(o.stdout)
 				fs.PrintDefaults()
 				return nil, err

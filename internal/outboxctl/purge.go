@@ -13,9 +13,16 @@ import (
 func purge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, o := newFlags("purge", stdout, stderr)
 	var policy retention.Config
-	if err := cli.RetentionFlags(fs, &policy); err != nil {
+	outboxRetention, err := cli.EnvDuration("OUTBOX_RETENTION", retention.DefaultOutboxRetention)
+	if err != nil {
 		return usagef("%v", err)
 	}
+	dedupWindow, err := cli.EnvDuration("DEDUP_WINDOW", retention.DefaultDedupWindow)
+	if err != nil {
+		return usagef("%v", err)
+	}
+	fs.DurationVar(&policy.OutboxRetention, "outbox-retention", outboxRetention, "purge forwarded outbox rows older than this (env OUTBOX_RETENTION)")
+	fs.DurationVar(&policy.DedupWindow, "dedup-window", dedupWindow, "purge dedup markers older than this; must exceed --outbox-retention (env DEDUP_WINDOW)")
 	dryRun := fs.Bool("dry-run", false, "count what would be purged, delete nothing")
 	fs.IntVar(&policy.BatchSize, "batch-size", retention.DefaultBatchSize, "rows deleted per statement")
 	if _, err := parse(fs, o, args, 0, ""); err != nil {
