@@ -36,6 +36,9 @@ type AttemptsError struct {
 }
 
 func (e *AttemptsError) Error() string {
+	if e.Attempts == 1 {
+		return fmt.Sprintf("failed after 1 attempt: %v", e.Err)
+	}
 	return fmt.Sprintf("failed after %d attempts: %v", e.Attempts, e.Err)
 }
 
