@@ -14,7 +14,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/metrics"
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
-	"github.com/outboxmill/outboxmill/internal/pgtest"
+	"github.com/outboxmill/outboxmill/internal/testdb"
 	"github.com/outboxmill/outboxmill/middleware"
 )
 
@@ -61,9 +61,9 @@ func mustValue(t *testing.T, g prometheus.Gatherer, name string, labels map[stri
 
 func TestTables_Collect(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := testdb.NewServices(t)
 	ctx := context.Background()
-	ids := pgtest.IDs(db.WriteEvents(t, 3))
+	ids := testdb.IDs(db.WriteEvents(t, 3))
 	db.Backdate(t, 10*time.Minute, ids[0])
 	store := postgres.NewSetAsideStore(db.DB)
 	for range 2 {
@@ -84,10 +84,10 @@ func TestTables_Collect(t *testing.T) {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(&metrics.Tables{
-		DB: db.DB, Outboxes: []outbox.Config{db.Outbox}, StuckAfter: 5 * time.Minute,
+		DB: db.DB, Outboxes: []outbox.Config{outbox.DefaultConfig()}, StuckAfter: 5 * time.Minute,
 		Handlers: []string{"h1", "h2"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
-	box := map[string]string{"outbox": db.Outbox.Topic}
+	box := map[string]string{"outbox": outbox.DefaultConfig().Topic}
 	if v := mustValue(t, reg, "outboxmill_outbox_backlog", box); v != 3 {
 		t.Errorf("backlog = %v, want 3", v)
 	}
@@ -129,7 +129,7 @@ func TestTables_Collect(t *testing.T) {
 		}
 		_ = closed.Close()
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(&metrics.Tables{DB: closed, Outboxes: []outbox.Config{db.Outbox}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		reg.MustRegister(&metrics.Tables{DB: closed, Outboxes: []outbox.Config{outbox.DefaultConfig()}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if v := mustValue(t, reg, "outboxmill_db_up", nil); v != 0 {
 			t.Errorf("db_up = %v, want 0", v)
 		}

@@ -9,15 +9,15 @@ import (
 	"time"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
-	"github.com/outboxmill/outboxmill/internal/pgtest"
+	"github.com/outboxmill/outboxmill/internal/testdb"
 )
 
 func TestInspect(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := testdb.NewServices(t)
 	ctx := context.Background()
 
-	st, err := outbox.Inspect(ctx, db, db.Outbox, "relay", time.Minute)
+	st, err := outbox.Inspect(ctx, db, outbox.DefaultConfig(), "relay", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,10 +26,10 @@ func TestInspect(t *testing.T) {
 	}
 
 	events := db.WriteEvents(t, 5)
-	ids := pgtest.IDs(events)
+	ids := testdb.IDs(events)
 	db.Backdate(t, 10*time.Minute, ids[:3]...)
 	t.Run("relay never ran", func(t *testing.T) {
-		st, err := outbox.Inspect(ctx, db, db.Outbox, "relay", time.Minute)
+		st, err := outbox.Inspect(ctx, db, outbox.DefaultConfig(), "relay", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -42,14 +42,14 @@ func TestInspect(t *testing.T) {
 	})
 	t.Run("relay passed two rows", func(t *testing.T) {
 		db.SetRelayPosition(t, "relay", ids[1])
-		st, err := outbox.Inspect(ctx, db, db.Outbox, "relay", time.Minute)
+		st, err := outbox.Inspect(ctx, db, outbox.DefaultConfig(), "relay", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if st.Backlog != 3 || st.Stuck != 1 || st.Position == nil || len(st.Positions) != 1 {
 			t.Fatalf("status = %+v, want backlog 3, 1 stuck, a position", st)
 		}
-		stuck, err := outbox.StuckEvents(ctx, db, db.Outbox, "relay", time.Minute, 10)
+		stuck, err := outbox.StuckEvents(ctx, db, outbox.DefaultConfig(), "relay", time.Minute, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,7 +59,7 @@ func TestInspect(t *testing.T) {
 	})
 	t.Run("another group is not the relay", func(t *testing.T) {
 		db.SetRelayPosition(t, "other", ids[4])
-		st, err := outbox.Inspect(ctx, db, db.Outbox, "relay", time.Minute)
+		st, err := outbox.Inspect(ctx, db, outbox.DefaultConfig(), "relay", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +69,7 @@ func TestInspect(t *testing.T) {
 	})
 	t.Run("all forwarded", func(t *testing.T) {
 		db.SetRelayPosition(t, "relay", ids[4])
-		st, err := outbox.Inspect(ctx, db, db.Outbox, "relay", time.Minute)
+		st, err := outbox.Inspect(ctx, db, outbox.DefaultConfig(), "relay", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,12 +81,12 @@ func TestInspect(t *testing.T) {
 
 func TestStuckMonitor_Check(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	ids := pgtest.IDs(db.WriteEvents(t, 3))
+	db := testdb.NewServices(t)
+	ids := testdb.IDs(db.WriteEvents(t, 3))
 	db.Backdate(t, time.Hour, ids[0])
 	var logs bytes.Buffer
 	m := outbox.StuckMonitor{
-		DB: db.DB, Outbox: db.Outbox, ConsumerGroup: "relay", After: 5 * time.Minute,
+		DB: db.DB, Outbox: outbox.DefaultConfig(), ConsumerGroup: "relay", After: 5 * time.Minute,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 	}
 	if err := m.Check(context.Background()); err != nil {

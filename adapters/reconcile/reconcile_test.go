@@ -5,16 +5,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/reconcile"
 	"github.com/outboxmill/outboxmill/domain"
-	"github.com/outboxmill/outboxmill/internal/pgtest"
+	"github.com/outboxmill/outboxmill/internal/testdb"
 )
 
 func TestRun(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := testdb.NewServices(t)
 	ctx := context.Background()
-	ids := pgtest.IDs(db.WriteEvents(t, 6))
+	ids := testdb.IDs(db.WriteEvents(t, 6))
 	db.Backdate(t, time.Hour, ids[:5]...) // ids[5] is recent
 	db.SetRelayPosition(t, "relay", ids[2])
 	mark := func(id, handler string) {
@@ -33,7 +34,7 @@ func TestRun(t *testing.T) {
 	// forwarded yet.
 
 	report, err := reconcile.Run(ctx, reconcile.Config{
-		Producer: db.DB, Outbox: db.Outbox, ConsumerGroup: "relay", Consumer: db.DB,
+		Producer: db.DB, Outbox: outbox.DefaultConfig(), ConsumerGroup: "relay", Consumer: db.DB,
 		Routes:    []reconcile.Route{{Handler: "h", EventTypes: []string{domain.EventOrderPaid}}, {Handler: "none", EventTypes: []string{"NoSuchEvent"}}},
 		OlderThan: time.Minute, BatchSize: 2,
 	})

@@ -13,11 +13,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
-	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/internal/stack"
+	"github.com/outboxmill/outboxmill/internal/testdb"
 )
 
 // fixture is an outbox in a database of its own and an exchange of its own.
@@ -34,22 +34,8 @@ func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	ctx := context.Background()
 	env := stack.EnvFromEnvironment()
-	name := stack.UniqueName("relay_")
-	if err := env.CreateDatabase(ctx, name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.DropDatabase(context.Background(), name) })
-	db, err := postgres.Open(ctx, env.DatabaseURL(name), 8)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	if err := postgres.Migrate(ctx, db, "orders", postgres.OrdersMigrations()); err != nil {
-		t.Fatal(err)
-	}
-	if err := outbox.Initialize(ctx, db, outbox.DefaultConfig()); err != nil {
-		t.Fatal(err)
-	}
+	tdb := testdb.NewOrders(t)
+	db, name := tdb.DB, tdb.Name
 	writer, err := outbox.NewWriter(outbox.DefaultConfig(), watermill.NopLogger{})
 	if err != nil {
 		t.Fatal(err)

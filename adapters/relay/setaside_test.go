@@ -7,8 +7,9 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/relay"
-	"github.com/outboxmill/outboxmill/internal/pgtest"
+	"github.com/outboxmill/outboxmill/internal/testdb"
 )
 
 func TestCheckEnvelope(t *testing.T) {
@@ -37,10 +38,10 @@ func TestReplaySetAside(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	db := pgtest.New(t)
+	db := testdb.NewServices(t)
 	setAside := func(payload string) int64 {
 		t.Helper()
-		if err := relay.SetAsideRow(ctx, db, db.Outbox.Topic, "row-uuid", []byte(payload), "test"); err != nil {
+		if err := relay.SetAsideRow(ctx, db, outbox.DefaultConfig().Topic, "row-uuid", []byte(payload), "test"); err != nil {
 			t.Fatal(err)
 		}
 		var id int64
@@ -52,7 +53,7 @@ func TestReplaySetAside(t *testing.T) {
 	outboxRows := func() int {
 		t.Helper()
 		var n int
-		if err := db.Get(&n, `SELECT count(*) FROM `+db.Outbox.Table()); err != nil {
+		if err := db.Get(&n, `SELECT count(*) FROM `+outbox.DefaultConfig().Table()); err != nil {
 			t.Fatal(err)
 		}
 		return n

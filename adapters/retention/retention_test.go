@@ -7,7 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxmill/outboxmill/internal/pgtest"
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/internal/testdb"
 )
 
 const week = 7 * 24 * time.Hour
@@ -35,7 +36,7 @@ func TestConfig_Validate(t *testing.T) {
 	}
 }
 
-func remaining(t *testing.T, db *pgtest.DB) []string {
+func remaining(t *testing.T, db *testdb.DB) []string {
 	t.Helper()
 	return db.OutboxEventIDs(t)
 }
@@ -44,12 +45,12 @@ func TestPurger_PurgeOutbox(t *testing.T) {
 	t.Parallel()
 	t.Run("purges old forwarded rows only", func(t *testing.T) {
 		t.Parallel()
-		db := pgtest.New(t)
-		ids := pgtest.IDs(db.WriteEvents(t, 10))
+		db := testdb.NewServices(t)
+		ids := testdb.IDs(db.WriteEvents(t, 10))
 		db.SetRelayPosition(t, "relay", ids[5]) // rows 0..5 forwarded
 		old := slices.Concat(ids[:3], ids[4:])  // row 3 is recent
 		db.Backdate(t, week+time.Hour, old...)
-		p, err := NewOutboxPurger(db.DB, db.Outbox, Config{BatchSize: 2})
+		p, err := NewOutboxPurger(db.DB, outbox.DefaultConfig(), Config{BatchSize: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,10 +80,10 @@ func TestPurger_PurgeOutbox(t *testing.T) {
 	})
 	t.Run("no relay position purges nothing", func(t *testing.T) {
 		t.Parallel()
-		db := pgtest.New(t)
-		ids := pgtest.IDs(db.WriteEvents(t, 3))
+		db := testdb.NewServices(t)
+		ids := testdb.IDs(db.WriteEvents(t, 3))
 		db.Backdate(t, 30*24*time.Hour, ids...)
-		p, err := NewOutboxPurger(db.DB, db.Outbox, Config{})
+		p, err := NewOutboxPurger(db.DB, outbox.DefaultConfig(), Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,12 +100,12 @@ func TestPurger_PurgeOutbox(t *testing.T) {
 	})
 	t.Run("lowest consumer group bounds the purge", func(t *testing.T) {
 		t.Parallel()
-		db := pgtest.New(t)
-		ids := pgtest.IDs(db.WriteEvents(t, 5))
+		db := testdb.NewServices(t)
+		ids := testdb.IDs(db.WriteEvents(t, 5))
 		db.SetRelayPosition(t, "relay", ids[4])
 		db.SetRelayPosition(t, "other", ids[1])
 		db.Backdate(t, week+time.Hour, ids...)
-		p, err := NewOutboxPurger(db.DB, db.Outbox, Config{})
+		p, err := NewOutboxPurger(db.DB, outbox.DefaultConfig(), Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,11 +122,11 @@ func TestPurger_PurgeOutbox(t *testing.T) {
 	})
 	t.Run("another instance holds the lock", func(t *testing.T) {
 		t.Parallel()
-		db := pgtest.New(t)
-		ids := pgtest.IDs(db.WriteEvents(t, 2))
+		db := testdb.NewServices(t)
+		ids := testdb.IDs(db.WriteEvents(t, 2))
 		db.SetRelayPosition(t, "relay", ids[1])
 		db.Backdate(t, week+time.Hour, ids...)
-		p, err := NewOutboxPurger(db.DB, db.Outbox, Config{})
+		p, err := NewOutboxPurger(db.DB, outbox.DefaultConfig(), Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -155,7 +156,7 @@ func TestPurger_PurgeOutbox(t *testing.T) {
 
 func TestPurger_PurgeDedup(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := testdb.NewServices(t)
 	ctx := context.Background()
 	mark := func(eventID, handler string, age time.Duration) {
 		t.Helper()

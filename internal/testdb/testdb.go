@@ -11,6 +11,8 @@ package testdb
 import (
 	"context"
 	"encoding/json"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/outboxmill/outboxmill/domain"
 	"testing"
 	"time"
 
@@ -92,6 +94,19 @@ func NewSettlement(t testing.TB) *DB {
 	return db
 }
 
+// NewServices is New with the tables of both sample services, as when they
+// share one database.
+func NewServices(t testing.TB) *DB {
+	t.Helper()
+	db := NewOrders(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := postgres.Migrate(ctx, db.DB, "settlement", postgres.SettlementMigrations()); err != nil {
+		t.Fatalf("migrate test database: %v", err)
+	}
+	return db
+}
+
 // Count returns the result of a count(*) query, failing t on error.
 func (db *DB) Count(t testing.TB, query string, args ...any) int {
 	t.Helper()
@@ -156,4 +171,86 @@ func (db *DB) OutboxEvents(t testing.TB) []OutboxEvent {
 func (db *DB) CountOutbox(t testing.TB) int {
 	t.Helper()
 	return db.Count(t, `SELECT count(*) FROM `+outbox.DefaultConfig().Table())
+}
+
+// Event returns a new OrderPaid event of a new order.
+func Event() domain.Event {
+	orderID := domain.NewEventID()
+	now := time.Now().UTC()
+	return domain.Event{
+		ID: domain.NewEventID(), Type: domain.EventOrderPaid, SchemaVersion: 1,
+		AggregateType: "Order", AggregateID: orderID, AggregateVersion: 2, OccurredAt: now,
+		Payload: domain.OrderPaidPayload{OrderID: orderID, CustomerID: "c-1", Amount: 1000, Currency: "EUR", PaidAt: now},
+	}
+}
+
+// WriteEvents commits n new events to the outbox (of a database made by
+// NewOrders or NewServices), one transaction each, and
+// returns them in commit order.
+func (d *DB) WriteEvents(t testing.TB, n int) []domain.Event {
+	t.Helper()
+	w, err := outbox.NewWriter(outbox.DefaultConfig(), watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make([]domain.Event, n)
+	for i := range events {
+		events[i] = Event()
+		tx, err := d.Beginx()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Write(context.Background(), tx, events[i:i+1]); err != nil {
+			_ = tx.Rollback()
+			t.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return events
+}
+
+// SetRelayPosition stores group's position at the outbox row of event
+// eventID, as a relay does after forwarding it.
+func (d *DB) SetRelayPosition(t testing.TB, group, eventID string) {
+	t.Helper()
+	_, err := d.Exec(`
+		INSERT INTO `+outbox.DefaultConfig().OffsetsTable()+` (consumer_group, offset_acked, last_processed_transaction_id)
+		SELECT $1, "offset", transaction_id FROM `+outbox.DefaultConfig().Table()+` WHERE payload::jsonb ->> 'uuid' = $2
+		ON CONFLICT (consumer_group) DO UPDATE
+		SET offset_acked = excluded.offset_acked, last_processed_transaction_id = excluded.last_processed_transaction_id`,
+		group, eventID)
+	if err != nil {
+		t.Fatalf("set relay position: %v", err)
+	}
+}
+
+// Backdate moves the outbox rows of the given events age into the past.
+func (d *DB) Backdate(t testing.TB, age time.Duration, eventIDs ...string) {
+	t.Helper()
+	_, err := d.Exec(`UPDATE `+outbox.DefaultConfig().Table()+` SET created_at = created_at - $1::bigint * interval '1 microsecond'
+		WHERE payload::jsonb ->> 'uuid' = ANY($2)`, age.Microseconds(), eventIDs)
+	if err != nil {
+		t.Fatalf("backdate outbox rows: %v", err)
+	}
+}
+
+// OutboxEventIDs returns the event ids in the outbox, in delivery order.
+func (d *DB) OutboxEventIDs(t testing.TB) []string {
+	t.Helper()
+	var ids []string
+	if err := d.Select(&ids, `SELECT payload::jsonb ->> 'uuid' FROM `+outbox.DefaultConfig().Table()+` ORDER BY transaction_id, "offset"`); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// IDs returns the events' ids.
+func IDs(events []domain.Event) []string {
+	ids := make([]string, len(events))
+	for i, e := range events {
+		ids[i] = e.ID
+	}
+	return ids
 }
