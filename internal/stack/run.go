@@ -22,6 +22,13 @@ type Config struct {
 	SharedDatabase bool
 	// OrdersArgs and SettlementArgs are extra command-line flags.
 	OrdersArgs, SettlementArgs []string
+	// OrdersEnv and SettlementEnv are extra environment entries
+	// ("KEY=value"); they override the stack's own.
+	OrdersEnv, SettlementEnv []string
+	// ServiceAMQPURL, when set, is the broker URL the services are given
+	// instead of Env.AMQPURL: a Proxy in front of the broker, for instance.
+	// The harness itself (clean-up) keeps using Env.AMQPURL.
+	ServiceAMQPURL string
 }
 
 // Stack is a pair of services and what they run in.
@@ -32,6 +39,9 @@ type Stack struct {
 	SettleDB   string
 	Orders     *Process
 	Settlement *Process
+	// OrdersReplicas are further orders processes on the same database,
+	// started by StartOrdersReplica.
+	OrdersReplicas []*Process
 }
 
 // New creates the stack's databases. It starts nothing.
@@ -62,20 +72,23 @@ func (s *Stack) OrdersDatabaseURL() string { return s.Config.Env.DatabaseURL(s.O
 // SettlementDatabaseURL is the settlement service's database.
 func (s *Stack) SettlementDatabaseURL() string { return s.Config.Env.DatabaseURL(s.SettleDB) }
 
-func (s *Stack) serviceEnv(dbURL string) []string {
-	return []string{
+func (s *Stack) serviceEnv(dbURL string, extra []string) []string {
+	amqpURL := s.Config.Env.AMQPURL
+	if s.Config.ServiceAMQPURL != "" {
+		amqpURL = s.Config.ServiceAMQPURL
+	}
+	env := []string{
 		"DATABASE_URL=" + dbURL,
-		"AMQP_URL=" + s.Config.Env.AMQPURL,
+		"AMQP_URL=" + amqpURL,
 		"OUTBOXMILL_NAMESPACE=" + s.Namespace,
 		"HTTP_ADDR=127.0.0.1:0",
 	}
+	return append(env, extra...)
 }
 
 // StartOrders starts the orders service with the configured flags and extra.
 func (s *Stack) StartOrders(ctx context.Context, extra ...string) (*Process, error) {
-	args := append(append([]string{}, s.Config.OrdersArgs...), extra...)
-	p, err := Start(ctx, filepath.Join(s.Config.BinDir, "orders"), args, s.serviceEnv(s.OrdersDatabaseURL()),
-		filepath.Join(s.Config.LogDir, "orders.log"))
+	p, err := s.startOrders(ctx, "orders.log", extra)
 	if err != nil {
 		return nil, err
 	}
@@ -83,11 +96,30 @@ func (s *Stack) StartOrders(ctx context.Context, extra ...string) (*Process, err
 	return p, nil
 }
 
+// StartOrdersReplica starts one more orders process on the same database and
+// namespace, with the configured flags and extra, listening on a port of its
+// own and logging to orders-<n>.log. Close stops it with the others.
+func (s *Stack) StartOrdersReplica(ctx context.Context, extra ...string) (*Process, error) {
+	log := fmt.Sprintf("orders-%d.log", len(s.OrdersReplicas)+2)
+	p, err := s.startOrders(ctx, log, extra)
+	if err != nil {
+		return nil, err
+	}
+	s.OrdersReplicas = append(s.OrdersReplicas, p)
+	return p, nil
+}
+
+func (s *Stack) startOrders(ctx context.Context, log string, extra []string) (*Process, error) {
+	args := append(append([]string{}, s.Config.OrdersArgs...), extra...)
+	return Start(ctx, filepath.Join(s.Config.BinDir, "orders"), args,
+		s.serviceEnv(s.OrdersDatabaseURL(), s.Config.OrdersEnv), filepath.Join(s.Config.LogDir, log))
+}
+
 // StartSettlement starts the settlement service with the configured flags
 // and extra.
 func (s *Stack) StartSettlement(ctx context.Context, extra ...string) (*Process, error) {
 	args := append(append([]string{}, s.Config.SettlementArgs...), extra...)
-	p, err := Start(ctx, filepath.Join(s.Config.BinDir, "settlement"), args, s.serviceEnv(s.SettlementDatabaseURL()),
+	p, err := Start(ctx, filepath.Join(s.Config.BinDir, "settlement"), args, s.serviceEnv(s.SettlementDatabaseURL(), s.Config.SettlementEnv),
 		filepath.Join(s.Config.LogDir, "settlement.log"))
 	if err != nil {
 		return nil, err
@@ -109,7 +141,7 @@ func (s *Stack) Start(ctx context.Context) error {
 
 // Close kills the services and removes the databases and broker objects.
 func (s *Stack) Close(ctx context.Context) error {
-	for _, p := range []*Process{s.Orders, s.Settlement} {
+	for _, p := range append([]*Process{s.Orders, s.Settlement}, s.OrdersReplicas...) {
 		if p != nil {
 			p.Kill()
 		}

@@ -189,6 +189,10 @@ func (p *Process) start(ctx context.Context) error {
 	}
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Env = append(os.Environ(), p.env...)
+	if p.Addr != "" {
+		// A restart: keep the address clients know.
+		cmd.Env = append(cmd.Env, "HTTP_ADDR="+p.Addr)
+	}
 	cmd.Stdout = logFile
 	pr, pw := io.Pipe()
 	cmd.Stderr = pw
@@ -289,13 +293,26 @@ func (p *Process) Exited() bool {
 	}
 }
 
-// Restart starts the process again with the same arguments after it exited.
-// The HTTP address may change unless it was fixed in the arguments.
+// Restart starts the process again with the same arguments and environment
+// after it exited, listening on the HTTP address it had (HTTP_ADDR), so that
+// clients can keep their URL across a crash and restart. A flag naming
+// another address in the arguments still wins.
 func (p *Process) Restart(ctx context.Context) error {
 	if !p.Exited() {
 		return fmt.Errorf("restart %s: still running", p.Name)
 	}
 	return p.start(ctx)
+}
+
+// PID returns the process id of the running (or last) process, or 0 if it
+// never started.
+func (p *Process) PID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
 }
 
 func (p *Process) signal(sig syscall.Signal) {

@@ -1,0 +1,197 @@
+package stack
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// Proxy is a TCP proxy owned by a test, put between services and a shared
+// server (the broker) so that an outage can be injected on the proxied
+// connections alone: Down closes every connection and refuses new ones, Up
+// accepts again. Other clients of the server are not disturbed.
+type Proxy struct {
+	target   string
+	listener net.Listener
+
+	mu       sync.Mutex
+	down     bool
+	closed   bool
+	conns    map[net.Conn]net.Conn // client side -> server side (nil while dialing)
+	accepted int
+	refused  int
+
+	wg sync.WaitGroup
+}
+
+// ProxyStats counts what a proxy did.
+type ProxyStats struct {
+	// Accepted is the number of connections proxied.
+	Accepted int
+	// Refused is the number of connections refused while down.
+	Refused int
+	// Open is the number of proxied connections open now.
+	Open int
+}
+
+// NewProxy listens on a free local port and forwards each connection to
+// target (host:port).
+func NewProxy(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("proxy: listen: %w", err)
+	}
+	p := &Proxy{target: target, listener: ln, conns: map[net.Conn]net.Conn{}}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr returns the proxy's listening address.
+func (p *Proxy) Addr() string { return p.listener.Addr().String() }
+
+// ProxyURL returns rawURL (an amqp:// or other URL with a host) with its
+// host and port replaced by the proxy's, and the address rawURL points at,
+// for NewProxy.
+func ProxyURL(rawURL, proxyAddr string) (proxied, target string, err error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", "", fmt.Errorf("proxy URL %q: %w", rawURL, err)
+	}
+	target = u.Host
+	if u.Port() == "" {
+		switch u.Scheme {
+		case "amqp":
+			target = net.JoinHostPort(u.Hostname(), "5672")
+		case "amqps":
+			target = net.JoinHostPort(u.Hostname(), "5671")
+		default:
+			return "", "", fmt.Errorf("proxy URL %q: no port", rawURL)
+		}
+	}
+	u.Host = proxyAddr
+	return u.String(), target, nil
+}
+
+// Down closes every proxied connection and refuses new connections until
+// Up. It returns how many connections it closed.
+func (p *Proxy) Down() int {
+	p.mu.Lock()
+	p.down = true
+	conns := p.conns
+	p.conns = map[net.Conn]net.Conn{}
+	p.mu.Unlock()
+	for client, server := range conns {
+		_ = client.Close()
+		if server != nil {
+			_ = server.Close()
+		}
+	}
+	return len(conns)
+}
+
+// Up accepts connections again.
+func (p *Proxy) Up() {
+	p.mu.Lock()
+	p.down = false
+	p.mu.Unlock()
+}
+
+// Stats returns the proxy's counters.
+func (p *Proxy) Stats() ProxyStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return ProxyStats{Accepted: p.accepted, Refused: p.refused, Open: len(p.conns)}
+}
+
+// Close stops listening, closes every connection and waits for the proxy's
+// goroutines.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	err := p.listener.Close()
+	p.Down()
+	p.wg.Wait()
+	return err
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.listener.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// A transient accept error (too many files): try again shortly.
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		p.mu.Lock()
+		if p.down || p.closed {
+			p.refused++
+			p.mu.Unlock()
+			reset(c)
+			continue
+		}
+		p.accepted++
+		p.conns[c] = nil
+		p.mu.Unlock()
+		p.wg.Add(1)
+		go p.serve(c)
+	}
+}
+
+// reset closes c with a TCP reset, as a server that is not there would.
+func reset(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
+}
+
+func (p *Proxy) serve(client net.Conn) {
+	defer p.wg.Done()
+	defer p.forget(client)
+	server, err := net.DialTimeout("tcp", p.target, 10*time.Second)
+	if err != nil {
+		reset(client)
+		return
+	}
+	p.mu.Lock()
+	if _, open := p.conns[client]; !open {
+		// Down ran while dialing.
+		p.mu.Unlock()
+		reset(client)
+		_ = server.Close()
+		return
+	}
+	p.conns[client] = server
+	p.mu.Unlock()
+	defer server.Close()
+
+	done := make(chan struct{}, 2)
+	pipe := func(dst, src net.Conn) {
+		_, _ = io.Copy(dst, src)
+		// Either side ending ends both, as a broken connection would.
+		_ = dst.Close()
+		_ = src.Close()
+		done <- struct{}{}
+	}
+	go pipe(server, client)
+	go pipe(client, server)
+	<-done
+	<-done
+}
+
+func (p *Proxy) forget(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+	_ = c.Close()
+}
