@@ -183,11 +183,15 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 		handler.AddMiddleware(
 			middleware.Observe(handlerMetrics.Finished),
 			middleware.SetAside{
-				Store:      setAside,
-				Handler:    settle.HandlerName,
-				Topic:      queue,
-				Logger:     config.Logger,
-				OnSetAside: handlerMetrics.SetAside,
+				Store:   setAside,
+				Handler: settle.HandlerName,
+				Topic:   queue,
+				// A message that failed because the database was
+				// unreachable or its session was lost is redelivered, not
+				// set aside.
+				IsTransient: postgres.IsTransient,
+				Logger:      config.Logger,
+				OnSetAside:  handlerMetrics.SetAside,
 			}.Middleware,
 			retry.Middleware,
 			middleware.Recoverer,
