@@ -1,0 +1,172 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/internal/stack"
+	"github.com/outboxmill/outboxmill/services"
+)
+
+// delivery is one message the observer received.
+type delivery struct {
+	EventID          string
+	EventType        string
+	AggregateID      string
+	AggregateVersion int
+	// Redelivered is the broker's redelivered flag.
+	Redelivered bool
+	// DeadLettered tells whether the message carried an x-death header.
+	DeadLettered bool
+	// At is when the observer received it.
+	At time.Time
+}
+
+// observer is a queue owned by the test, bound with "#" to the stack's
+// exchange before any traffic, so it receives a copy of every event the
+// relay publishes. It talks to the broker directly, never through a proxy
+// the scenario may break.
+type observer struct {
+	conn    *amqp.Connection
+	ch      *amqp.Channel
+	queue   string
+	started bool
+	done    chan struct{}
+
+	mu         sync.Mutex
+	deliveries []delivery
+	copies     map[string]int
+	malformed  int
+}
+
+// startObserver declares the stack's exchange (as the services do) and the
+// observer's queue bound to it, and consumes until t ends.
+func startObserver(t *testing.T, s *stack.Stack) *observer {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := rabbitmq.Dial(ctx, s.Config.Env.AMQPURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &observer{conn: conn, queue: s.Namespace + ".chaos-observer", done: make(chan struct{}), copies: map[string]int{}}
+	t.Cleanup(o.close)
+	exchange := services.Names{Namespace: s.Namespace}.Exchange()
+	if o.ch, err = conn.Channel(); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil); err != nil {
+		t.Fatalf("declare exchange %s: %v", exchange, err)
+	}
+	if _, err := o.ch.QueueDeclare(o.queue, false, false, true, false, nil); err != nil {
+		t.Fatalf("declare observer queue: %v", err)
+	}
+	if err := o.ch.QueueBind(o.queue, "#", exchange, false, nil); err != nil {
+		t.Fatalf("bind observer queue: %v", err)
+	}
+	msgs, err := o.ch.Consume(o.queue, "chaos-observer", true, true, false, false, nil)
+	if err != nil {
+		t.Fatalf("consume observer queue: %v", err)
+	}
+	o.started = true
+	go o.consume(msgs)
+	return o
+}
+
+func (o *observer) consume(msgs <-chan amqp.Delivery) {
+	defer close(o.done)
+	for m := range msgs {
+		at := time.Now()
+		var body struct {
+			EventID          string `json:"event_id"`
+			EventType        string `json:"event_type"`
+			AggregateID      string `json:"aggregate_id"`
+			AggregateVersion int    `json:"aggregate_version"`
+		}
+		o.mu.Lock()
+		if err := json.Unmarshal(m.Body, &body); err != nil || body.EventID == "" || body.AggregateID == "" {
+			o.malformed++
+			o.mu.Unlock()
+			continue
+		}
+		_, dead := m.Headers["x-death"]
+		o.deliveries = append(o.deliveries, delivery{
+			EventID: body.EventID, EventType: body.EventType,
+			AggregateID: body.AggregateID, AggregateVersion: body.AggregateVersion,
+			Redelivered: m.Redelivered, DeadLettered: dead, At: at,
+		})
+		o.copies[body.EventID]++
+		o.mu.Unlock()
+	}
+}
+
+// snapshot returns the deliveries so far, in arrival order.
+func (o *observer) snapshot() []delivery {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]delivery(nil), o.deliveries...)
+}
+
+// missing returns how many of ids the observer has not received yet.
+func (o *observer) missing(ids []string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for _, id := range ids {
+		if o.copies[id] == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// seen reports whether the observer received event id.
+func (o *observer) seen(id string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.copies[id] > 0
+}
+
+// malformedCount is the number of messages that were not events.
+func (o *observer) malformedCount() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.malformed
+}
+
+func (o *observer) close() {
+	if o.ch != nil {
+		_, _ = o.ch.QueueDelete(o.queue, false, false, false)
+	}
+	_ = o.conn.Close()
+	if o.started {
+		<-o.done
+	}
+}
+
+// settlementQueues returns the number of ready messages in settlement's
+// lane queues and of their consumers, each summed over the lanes, read with
+// passive declares on a channel of its own.
+func (o *observer) settlementQueues(names services.Names) (ready, consumers int, err error) {
+	ch, err := o.conn.Channel()
+	if err != nil {
+		return 0, 0, err
+	}
+	defer ch.Close()
+	for lane := range services.SettlementLanes {
+		queue := names.SettlementQueue(lane)
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		if err != nil {
+			return 0, 0, fmt.Errorf("inspect queue %s: %w", queue, err)
+		}
+		ready += q.Messages
+		consumers += q.Consumers
+	}
+	return ready, consumers, nil
+}
