@@ -411,11 +411,16 @@ func (r *Outboxmill) publish(ctx context.Context, ch *amqp.Channel, returns <-ch
 	}
 
 	// A return for a mandatory message arrives before its confirm, so every
-	// return of this batch is queued by now.
+	// return of this batch is queued by now. When the broker channel has
+	// closed, returns is closed too: nothing more will come.
 	returned := map[string]string{}
 	for drained := false; !drained; {
 		select {
-		case ret := <-returns:
+		case ret, ok := <-returns:
+			if !ok {
+				drained = true
+				continue
+			}
 			id, _ := ret.Headers["_watermill_message_uuid"].(string)
 			returned[id] = fmt.Sprintf("%d %s (routing key %s)", ret.ReplyCode, ret.ReplyText, ret.RoutingKey)
 		default:
