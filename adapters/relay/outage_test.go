@@ -14,19 +14,13 @@ func TestOutboxmill_ResumesAfterBrokerOutage(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	d := f.bindQueue("#")
-	_, target, err := stack.ProxyURL(f.env.AMQPURL, "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy, err := stack.NewProxy(target)
+	proxy, proxied, err := stack.ProxyFor(f.env.AMQPURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = proxy.Close() })
 	cfg := f.config()
-	if cfg.AMQPURL, _, err = stack.ProxyURL(f.env.AMQPURL, proxy.Addr()); err != nil {
-		t.Fatal(err)
-	}
+	cfg.AMQPURL = proxied
 
 	// A backlog large enough that the outage comes in the middle of a batch,
 	// with publishes waiting for their confirms.

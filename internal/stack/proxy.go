@@ -54,27 +54,28 @@ func NewProxy(target string) (*Proxy, error) {
 // Addr returns the proxy's listening address.
 func (p *Proxy) Addr() string { return p.listener.Addr().String() }
 
-// ProxyURL returns rawURL (an amqp:// or other URL with a host) with its
-// host and port replaced by the proxy's, and the address rawURL points at,
-// for NewProxy.
-func ProxyURL(rawURL, proxyAddr string) (proxied, target string, err error) {
+// ProxyFor starts a proxy in front of the server rawURL (an amqp:// or
+// postgres:// URL, or any URL with a host) points at, and returns it with
+// rawURL rewritten to go through it.
+func ProxyFor(rawURL string) (*Proxy, string, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return "", "", fmt.Errorf("proxy URL %q: %w", rawURL, err)
+		return nil, "", fmt.Errorf("proxy for %q: %w", rawURL, err)
 	}
-	target = u.Host
+	target := u.Host
 	if u.Port() == "" {
-		switch u.Scheme {
-		case "amqp":
-			target = net.JoinHostPort(u.Hostname(), "5672")
-		case "amqps":
-			target = net.JoinHostPort(u.Hostname(), "5671")
-		default:
-			return "", "", fmt.Errorf("proxy URL %q: no port", rawURL)
+		port, ok := map[string]string{"amqp": "5672", "amqps": "5671", "postgres": "5432", "postgresql": "5432"}[u.Scheme]
+		if !ok {
+			return nil, "", fmt.Errorf("proxy for %q: no port", rawURL)
 		}
+		target = net.JoinHostPort(u.Hostname(), port)
 	}
-	u.Host = proxyAddr
-	return u.String(), target, nil
+	p, err := NewProxy(target)
+	if err != nil {
+		return nil, "", err
+	}
+	u.Host = p.Addr()
+	return p, u.String(), nil
 }
 
 // Down closes every proxied connection and refuses new connections until
