@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -27,8 +28,18 @@ func (Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	return wmamqp.DefaultMarshaler{}.Marshal(msg)
 }
 
-// Unmarshal implements wmamqp.Marshaler.
+// errNoDelivery is returned for the zero delivery a consumer reads from a
+// closed delivery channel.
+var errNoDelivery = errors.New("not a delivery: the channel was closed")
+
+// Unmarshal implements wmamqp.Marshaler. The only delivery it refuses is the
+// zero value a closed consumer channel yields (it has no acknowledger), so
+// that Watermill's subscriber reconnects instead of handing an empty message
+// to the handler.
 func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
+	if d.Acknowledger == nil {
+		return nil, errNoDelivery
+	}
 	uuid, _ := d.Headers[wmamqp.DefaultMessageUUIDHeaderKey].(string)
 	msg := message.NewMessage(uuid, d.Body)
 	msg.Metadata = make(message.Metadata, len(d.Headers))

@@ -33,7 +33,7 @@ func TestMarshaler_Marshal(t *testing.T) {
 		t.Errorf("publishing %+v does not carry the metadata and payload", p)
 	}
 
-	back, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{Headers: p.Headers, Body: p.Body})
+	back, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{Acknowledger: noAck{}, Headers: p.Headers, Body: p.Body})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestMarshaler_Unmarshal(t *testing.T) {
 
 	t.Run("non-string headers", func(t *testing.T) {
 		t.Parallel()
-		d := amqp.Delivery{Body: []byte("body"), Headers: amqp.Table{
+		d := amqp.Delivery{Acknowledger: noAck{}, Body: []byte("body"), Headers: amqp.Table{
 			uuidHeader:         "m-1",
 			"event_type":       "OrderPaid",
 			"x-delivery-count": int32(3),
@@ -120,7 +120,7 @@ func TestMarshaler_Unmarshal(t *testing.T) {
 			"int uuid":       {uuidHeader: int32(5)},
 			"table uuid":     {uuidHeader: amqp.Table{"a": "b"}},
 		} {
-			msg, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{Headers: headers, Body: []byte("x")})
+			msg, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{Acknowledger: noAck{}, Headers: headers, Body: []byte("x")})
 			if err != nil {
 				t.Errorf("%s: %v", name, err)
 				continue
@@ -193,4 +193,20 @@ func TestMarshaler_Unmarshal(t *testing.T) {
 			t.Errorf("x-death became %v", death)
 		}
 	})
+}
+
+// noAck stands for the channel a real delivery is acknowledged on; these
+// tests never acknowledge.
+type noAck struct{}
+
+func (noAck) Ack(uint64, bool) error        { return nil }
+func (noAck) Nack(uint64, bool, bool) error { return nil }
+func (noAck) Reject(uint64, bool) error     { return nil }
+
+func TestMarshaler_UnmarshalRefusesTheZeroDelivery(t *testing.T) {
+	// A consumer reading a closed delivery channel gets the zero value; it
+	// must not reach a handler as an empty message.
+	if msg, err := (rabbitmq.Marshaler{}).Unmarshal(amqp.Delivery{}); err == nil {
+		t.Fatalf("zero delivery unmarshalled to %+v", msg)
+	}
 }

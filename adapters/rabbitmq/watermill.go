@@ -1,6 +1,8 @@
 package rabbitmq
 
 import (
+	"time"
+
 	"github.com/ThreeDotsLabs/watermill"
 	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -11,7 +13,7 @@ import (
 // persistent and every publish waits for the broker's confirm.
 func PublisherConfig(url, exchange string) wmamqp.Config {
 	return wmamqp.Config{
-		Connection: wmamqp.ConnectionConfig{AmqpURI: url, Reconnect: wmamqp.DefaultReconnectConfig()},
+		Connection: wmamqp.ConnectionConfig{AmqpURI: url, Reconnect: reconnectConfig()},
 		Marshaler:  Marshaler{},
 		Exchange: wmamqp.ExchangeConfig{
 			GenerateName: wmamqp.GenerateExchangeNameConstant(exchange),
@@ -33,7 +35,7 @@ func PublisherConfig(url, exchange string) wmamqp.Config {
 // name. prefetch bounds the unacknowledged deliveries in flight per queue.
 func SubscriberConfig(url, exchange string, prefetch int) wmamqp.Config {
 	return wmamqp.Config{
-		Connection: wmamqp.ConnectionConfig{AmqpURI: url, Reconnect: wmamqp.DefaultReconnectConfig()},
+		Connection: wmamqp.ConnectionConfig{AmqpURI: url, Reconnect: reconnectConfig()},
 		Marshaler:  Marshaler{},
 		Exchange: wmamqp.ExchangeConfig{
 			GenerateName: wmamqp.GenerateExchangeNameConstant(exchange),
@@ -67,4 +69,13 @@ func (declaredTopology) BuildTopology(*amqp.Channel, wmamqp.BuildTopologyParams,
 
 func (declaredTopology) ExchangeDeclare(*amqp.Channel, string, wmamqp.Config) error {
 	return nil
+}
+
+// reconnectConfig is Watermill's reconnect backoff capped at 5 s instead of
+// 60 s, so publishers and consumers resume within seconds of the broker
+// coming back.
+func reconnectConfig() *wmamqp.ReconnectConfig {
+	c := wmamqp.DefaultReconnectConfig()
+	c.BackoffMaxInterval = 5 * time.Second
+	return c
 }

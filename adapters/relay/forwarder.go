@@ -51,7 +51,7 @@ type Config struct {
 	// take over. Default 250 ms.
 	StandbyInterval time.Duration
 	// RetryInterval (outboxmill) is the first wait after a failure; it
-	// doubles up to 30 s. Default 500 ms.
+	// doubles up to 5 s. Default 500 ms.
 	RetryInterval time.Duration
 	// ConfirmTimeout (outboxmill) bounds the wait for one broker confirm.
 	// Default 30 s.

@@ -18,6 +18,10 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 )
 
+// maxRetryBackoff caps the wait between two attempts after a failure, so the
+// relay resumes within seconds of the broker or database coming back.
+const maxRetryBackoff = 5 * time.Second
+
 // errPositionMoved means another relay stored a position this one did not
 // expect: this relay is no longer the only one forwarding.
 var errPositionMoved = errors.New("relay position moved by another relay")
@@ -147,7 +151,7 @@ func (r *Outboxmill) Run(ctx context.Context) error {
 		if !sleepCtx(ctx, backoff) {
 			return nil
 		}
-		backoff = min(backoff*2, 30*time.Second)
+		backoff = min(backoff*2, maxRetryBackoff)
 	}
 }
 
