@@ -202,11 +202,13 @@ func TestChaos_TerminateSessions(t *testing.T) {
 	defer admin.Close(ctx)
 	terminated := map[string]int{}
 	rounds := 0
-	// terminate ends, every interval for window while the traffic flows,
-	// the sessions of database db (but the test's own); with lockWait only
-	// those waiting for a lock.
+	// terminate ends, every interval for at least window while the traffic
+	// flows, the sessions of database db (but the test's own); with lockWait
+	// only those waiting for a lock. Past window it goes on, up to 30 s,
+	// until it has terminated at least one session: on a busy machine the
+	// first events may reach the consumer late.
 	terminate := func(db string, lockWait bool, window, interval time.Duration) {
-		for start := time.Now(); time.Since(start) < window; {
+		for start := time.Now(); time.Since(start) < window || terminated[db] == 0 && time.Since(start) < 30*time.Second; {
 			rows, err := admin.Query(ctx, `
 				SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 				WHERE datname = $1 AND application_name <> $2 AND pid <> pg_backend_pid()
@@ -231,8 +233,8 @@ func TestChaos_TerminateSessions(t *testing.T) {
 			time.Sleep(interval)
 		}
 	}
-	// For 3 s the consumer loses its session in the middle of every
-	// transaction, as in a failover: a lock the test holds on
+	// For 3 s (or until it has happened at least once) the consumer loses
+	// its session in the middle of every transaction, as in a failover: a lock the test holds on
 	// processed_events stops each handler transaction at its first insert,
 	// where it is terminated.
 	settleDB, err := connect(ctx, sc.stack.SettlementDatabaseURL())
