@@ -3,10 +3,13 @@ package tests
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/relay"
 )
 
 // openDB connects to url for the rest of the test.
@@ -22,17 +25,16 @@ func openDB(t *testing.T, url string) *pgx.Conn {
 
 // outboxBacklog counts outbox rows the relay has not passed yet, or -1 when
 // it cannot tell.
-func outboxBacklog(db *pgx.Conn) int {
-	cfg := outbox.DefaultConfig()
-	var n int
-	err := db.QueryRow(context.Background(), `
-		SELECT count(*) FROM `+cfg.Table()+` m
-		WHERE NOT EXISTS (
-			SELECT 1 FROM `+cfg.OffsetsTable()+` o
-			WHERE (m.transaction_id, m."offset") <= (o.last_processed_transaction_id, o.offset_acked)
-		)`).Scan(&n)
+func outboxBacklog(t *testing.T, url string) int {
+	t.Helper()
+	db, err := postgres.Open(context.Background(), url, 1)
 	if err != nil {
 		return -1
 	}
-	return n
+	defer db.Close()
+	st, err := outbox.Inspect(context.Background(), db, outbox.DefaultConfig(), relay.DefaultConsumerGroup, time.Hour)
+	if err != nil {
+		return -1
+	}
+	return int(st.Backlog)
 }

@@ -222,9 +222,8 @@ func TestEndToEnd_EventsCommittedWhileSettlementDownArriveLater(t *testing.T) {
 	}
 	c := stack.NewClient()
 	placeAndPay(t, c, s.Orders.URL(), 50)
-	odb := openDB(t, s.OrdersDatabaseURL())
 	waitFor(t, 30*time.Second, "outbox forwarded", func() (bool, error) {
-		return outboxBacklog(odb) == 0, nil
+		return outboxBacklog(t, s.OrdersDatabaseURL()) == 0, nil
 	})
 	if _, err := s.StartSettlement(context.Background()); err != nil {
 		t.Fatal(err)

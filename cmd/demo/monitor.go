@@ -7,36 +7,39 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jmoiron/sqlx"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/internal/stack"
 )
 
 // monitor watches both databases: how many orders are settled and how many
 // outbox rows the relay has not forwarded yet.
 type monitor struct {
-	orders *pgx.Conn
-	settle *pgx.Conn
-	start  time.Time
-	w      io.Writer
+	ordersDB *sqlx.DB
+	settle   *pgx.Conn
+	start    time.Time
+	w        io.Writer
 }
 
 // newMonitor connects to the stack's databases; progress lines go to w.
 func newMonitor(ctx context.Context, s *stack.Stack, w io.Writer) (*monitor, error) {
-	orders, err := pgx.Connect(ctx, s.OrdersDatabaseURL())
+	orders, err := postgres.Open(ctx, s.OrdersDatabaseURL(), 1)
 	if err != nil {
 		return nil, fmt.Errorf("connect to the orders database: %w", err)
 	}
 	settle, err := pgx.Connect(ctx, s.SettlementDatabaseURL())
 	if err != nil {
-		orders.Close(context.Background())
+		orders.Close()
 		return nil, fmt.Errorf("connect to the settlement database: %w", err)
 	}
-	return &monitor{orders: orders, settle: settle, start: time.Now(), w: w}, nil
+	return &monitor{ordersDB: orders, settle: settle, start: time.Now(), w: w}, nil
 }
 
 func (m *monitor) close() {
-	m.orders.Close(context.Background())
+	m.ordersDB.Close()
 	m.settle.Close(context.Background())
 }
 
@@ -56,23 +59,16 @@ func (m *monitor) settled(ctx context.Context) (int64, error) {
 	return n, nil
 }
 
-// backlog counts the outbox rows past the relay's stored offset: committed
-// events not yet forwarded to the broker.
+// backlog counts the outbox rows past the relay's stored position:
+// committed events not yet forwarded to the broker.
 func (m *monitor) backlog(ctx context.Context) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	cfg := outbox.DefaultConfig()
-	var n int64
-	err := m.orders.QueryRow(ctx, `
-		SELECT count(*) FROM `+cfg.Table()+` m
-		WHERE NOT EXISTS (
-			SELECT 1 FROM `+cfg.OffsetsTable()+` o
-			WHERE (m.transaction_id, m."offset") <= (o.last_processed_transaction_id, o.offset_acked)
-		)`).Scan(&n)
+	st, err := outbox.Inspect(ctx, m.ordersDB, outbox.DefaultConfig(), relay.DefaultConsumerGroup, time.Hour)
 	if err != nil {
 		return 0, fmt.Errorf("count outbox backlog: %w", err)
 	}
-	return n, nil
+	return st.Backlog, nil
 }
 
 // progress prints one line: the client's counts, the settled orders and the
