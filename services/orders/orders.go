@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -270,53 +269,22 @@ func (s *Service) Addr() string { return s.listener.Addr().String() }
 func (s *Service) Run(ctx context.Context) error {
 	defer s.close()
 	logger := s.config.Logger
-	errc := make(chan error, 4)
-	go func() {
-		if err := s.server.Serve(s.listener); !errors.Is(err, http.ErrServerClosed) {
-			errc <- fmt.Errorf("http server: %w", err)
-		}
-	}()
-	relayDone := make(chan struct{})
+	components := []services.Component{
+		{Name: "stuck-event monitor", Run: s.monitor.Run},
+		{Name: "outbox purger", Run: s.purger.Run},
+	}
 	if s.relay != nil {
-		go func() {
-			defer close(relayDone)
-			if err := s.relay.Run(context.WithoutCancel(ctx)); err != nil {
-				errc <- fmt.Errorf("relay: %w", err)
-			}
-		}()
-	} else {
-		close(relayDone)
+		components = append(components, services.Component{
+			Name: "relay",
+			Run:  s.relay.Run,
+			Stop: func(context.Context) error { return s.relay.Close() },
+		})
 	}
-	background, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
-	var backgroundDone sync.WaitGroup
-	for _, run := range []func(context.Context) error{s.monitor.Run, s.purger.Run} {
-		backgroundDone.Add(1)
-		go func() {
-			defer backgroundDone.Done()
-			if err := run(background); err != nil {
-				errc <- err
-			}
-		}()
-	}
+	components = append(components, services.HTTPComponent(s.server, s.listener))
 	logger.Info("orders service running", "http_addr", s.Addr(), "relay", s.relay != nil, "relay_kind", s.config.RelayKind)
-
-	var runErr error
-	select {
-	case <-ctx.Done():
-	case runErr = <-errc:
-	}
-	logger.Info("orders service draining")
-	stopBackground()
-	backgroundDone.Wait()
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.config.ShutdownTimeout)
-	defer cancel()
-	err := s.server.Shutdown(shutdownCtx)
-	if s.relay != nil {
-		err = errors.Join(err, s.relay.Close())
-		<-relayDone
-	}
+	err := services.RunComponents(ctx, logger, s.config.ShutdownTimeout, components...)
 	logger.Info("orders service stopped")
-	return errors.Join(runErr, err)
+	return err
 }
 
 func (s *Service) close() {

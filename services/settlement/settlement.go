@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -250,45 +249,18 @@ func (s *Service) Addr() string { return s.listener.Addr().String() }
 func (s *Service) Run(ctx context.Context) error {
 	defer s.close()
 	logger := s.config.Logger
-	errc := make(chan error, 3)
-	go func() {
-		if err := s.server.Serve(s.listener); !errors.Is(err, http.ErrServerClosed) {
-			errc <- fmt.Errorf("http server: %w", err)
-		}
-	}()
-	routerDone := make(chan struct{})
-	go func() {
-		defer close(routerDone)
-		if err := s.router.Run(context.WithoutCancel(ctx)); err != nil {
-			errc <- fmt.Errorf("router: %w", err)
-		}
-	}()
-	background, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
-	var backgroundDone sync.WaitGroup
-	backgroundDone.Add(1)
-	go func() {
-		defer backgroundDone.Done()
-		if err := s.purger.Run(background); err != nil {
-			errc <- err
-		}
-	}()
 	logger.Info("settlement service running", "http_addr", s.Addr(), "lanes", services.SettlementLanes)
-
-	var runErr error
-	select {
-	case <-ctx.Done():
-	case runErr = <-errc:
-	}
-	logger.Info("settlement service draining")
-	stopBackground()
-	backgroundDone.Wait()
-	err := s.router.Close()
-	<-routerDone
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.config.ShutdownTimeout)
-	defer cancel()
-	err = errors.Join(err, s.server.Shutdown(shutdownCtx))
+	err := services.RunComponents(ctx, logger, s.config.ShutdownTimeout,
+		services.Component{Name: "dedup purger", Run: s.purger.Run},
+		services.Component{
+			Name: "consumer router",
+			Run:  s.router.Run,
+			Stop: func(context.Context) error { return s.router.Close() },
+		},
+		services.HTTPComponent(s.server, s.listener),
+	)
 	logger.Info("settlement service stopped")
-	return errors.Join(runErr, err)
+	return err
 }
 
 func (s *Service) close() {
