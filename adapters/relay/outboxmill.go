@@ -191,52 +191,37 @@ func (r *Outboxmill) lead(ctx context.Context) error {
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	r.logger.Info("relay active", "position_tx", pos.txID, "position_offset", pos.offset)
 
+	// The next batch is read while the current one is published: reading
+	// and publishing overlap, and the position still moves only past
+	// confirmed rows.
+	readCtx, stopReading := context.WithCancel(ctx)
+	defer stopReading()
+	batches := make(chan batch, 1)
+	go r.readAhead(readCtx, pos, batches)
+
 	// A batch that has started is finished even when the relay is stopped,
 	// so that what the broker confirmed is recorded and not sent again.
 	work := context.WithoutCancel(ctx)
-	delay := r.config.MinPollInterval
 	for {
-		if ctx.Err() != nil {
+		var b batch
+		select {
+		case <-ctx.Done():
 			return ctx.Err()
+		case err := <-closed:
+			return fmt.Errorf("broker channel closed: %v", err)
+		case b = <-batches:
+		}
+		if b.err != nil {
+			return b.err
 		}
 		if err := lockConn.PingContext(ctx); err != nil {
 			return fmt.Errorf("relay lock connection lost: %w", err)
 		}
-		rows, pending, err := r.readBatch(ctx, pos)
-		if err != nil {
-			return err
-		}
-		if len(rows) == 0 {
-			// Rows committed behind an older open transaction are polled
-			// for with a growing delay; an outbox read to its end waits for
-			// a wake-up or the poll interval.
-			wait := r.config.PollInterval
-			if pending {
-				wait = delay
-				delay = min(delay*2, r.config.PollInterval)
-			}
-			timer := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				timer.Stop()
-				return ctx.Err()
-			case err := <-closed:
-				timer.Stop()
-				return fmt.Errorf("broker channel closed: %v", err)
-			case <-r.wake:
-				timer.Stop()
-				delay = r.config.MinPollInterval
-			case <-timer.C:
-			}
-			continue
-		}
-		delay = r.config.MinPollInterval
-
 		start := time.Now()
-		forwarded, pubErr := r.publish(work, ch, returns, rows)
+		forwarded, pubErr := r.publish(work, ch, returns, b.rows)
 		if forwarded > 0 {
 			storeCtx, cancel := context.WithTimeout(work, r.config.ConfirmTimeout)
-			next, err := r.storePosition(storeCtx, pos, rows[:forwarded])
+			next, err := r.storePosition(storeCtx, pos, b.rows[:forwarded])
 			cancel()
 			if err != nil {
 				return errors.Join(pubErr, err)
@@ -248,6 +233,51 @@ func (r *Outboxmill) lead(ctx context.Context) error {
 			r.config.Metrics.PublishFailed(pubErr)
 			return pubErr
 		}
+	}
+}
+
+// batch is the result of one read of the outbox.
+type batch struct {
+	rows []row
+	err  error
+}
+
+// readAhead reads batches after from, one ahead of the publisher, until ctx
+// ends or a read fails. When the outbox is read to its end it waits: for a
+// wake-up or the poll interval, or, when rows are committed behind an older
+// open transaction, for a delay growing from MinPollInterval.
+func (r *Outboxmill) readAhead(ctx context.Context, from position, out chan<- batch) {
+	delay := r.config.MinPollInterval
+	for {
+		rows, pending, err := r.readBatch(ctx, from)
+		if err == nil && len(rows) == 0 {
+			wait := r.config.PollInterval
+			if pending {
+				wait = delay
+				delay = min(delay*2, r.config.PollInterval)
+			}
+			timer := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return
+			case <-r.wake:
+				timer.Stop()
+				delay = r.config.MinPollInterval
+			case <-timer.C:
+			}
+			continue
+		}
+		delay = r.config.MinPollInterval
+		select {
+		case out <- batch{rows: rows, err: err}:
+		case <-ctx.Done():
+			return
+		}
+		if err != nil {
+			return
+		}
+		from = rows[len(rows)-1].pos
 	}
 }
 
