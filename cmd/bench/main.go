@@ -1,0 +1,215 @@
+// Command bench measures Outboxmill's pipeline against the limits of this
+// machine, in one run against the real PostgreSQL and RabbitMQ, and writes
+// the figures as a table, JSON and an SVG latency chart.
+//
+// Usage:
+//
+//	bench [-quick] [-out DIR] [-relay-kinds watermill,outboxmill] [-readme README.md]
+//
+// It exits 0 when the run completed, 1 when the pipeline lost or doubled an
+// event, and 2 when the run could not be carried out.
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outboxmill/outboxmill/internal/bench"
+	"github.com/outboxmill/outboxmill/internal/cli"
+	"github.com/outboxmill/outboxmill/internal/stack"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	servers := stack.EnvFromEnvironment()
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	quick := fs.Bool("quick", false, "quick run (under two minutes): smaller backlog, shorter windows, fewer loads")
+	out := fs.String("out", "bench-out", "directory the report is written to")
+	kinds := fs.String("relay-kinds", "watermill,outboxmill", "relay.New kinds measured as Outboxmill's pipeline (comma-separated); a kind the build does not know is skipped with a note")
+	baselines := fs.String("baselines", "naive,stock,tuned", "baselines measured (comma-separated subset of naive, stock, tuned, or none)")
+	reps := fs.Int("reps", 2, "repetitions of each figure (at least 2)")
+	loads := fs.String("loads", "", "offered loads of the latency figures, events/s, comma-separated (default: 200,500,1000,2000; quick: 200,1000)")
+	backlog := fs.Int("backlog", 0, "events pre-filled for the drain rate (default: 100000; quick: 20000)")
+	relayPoll := fs.Duration("relay-poll", 0, "poll interval given to relay.New (0: each kind's default)")
+	adminURL := fs.String("database-url", servers.AdminDatabaseURL, "PostgreSQL URL of a user that may create databases (env OUTBOXMILL_ADMIN_DATABASE_URL)")
+	amqpURL := fs.String("amqp-url", servers.AMQPURL, "RabbitMQ URL (env AMQP_URL)")
+	logLevel := fs.String("log-level", "info", "level of the components' log, written to OUT/bench.log (debug, info, warn, error)")
+	readme := fs.String("readme", "", "when set, replace the benchmark results between the bench markers of this README with this run's")
+	if ok, code := cli.Parse(fs, args); !ok {
+		return code
+	}
+
+	cfg := bench.FullConfig(*adminURL, *amqpURL)
+	if *quick {
+		cfg = bench.QuickConfig(*adminURL, *amqpURL)
+	}
+	cfg.RelayKinds = splitList(*kinds)
+	cfg.Baselines = splitList(*baselines)
+	if len(cfg.Baselines) == 1 && cfg.Baselines[0] == "none" {
+		cfg.Baselines = nil
+	}
+	cfg.Reps = *reps
+	cfg.RelayPollInterval = *relayPoll
+	if *backlog != 0 {
+		cfg.Backlog = *backlog
+	}
+	if *loads != "" {
+		cfg.Loads = nil
+		for _, s := range splitList(*loads) {
+			n, err := strconv.Atoi(s)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "bench: -loads: %q is not a whole number of events per second\n", s)
+				return 2
+			}
+			cfg.Loads = append(cfg.Loads, n)
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		return 2
+	}
+
+	if err := os.MkdirAll(*out, 0o755); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: create output directory: %v\n", err)
+		return 2
+	}
+	logFile, err := os.Create(filepath.Join(*out, "bench.log"))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		return 2
+	}
+	defer logFile.Close()
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(strings.ToUpper(*logLevel))); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: -log-level %q: want debug, info, warn or error\n", *logLevel)
+		return 2
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: level}))
+	cfg.Progress = os.Stderr
+
+	ctx, cancel := cli.SignalContext()
+	defer cancel()
+	report, err := bench.Run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		if report == nil || len(report.Figures) == 0 {
+			return 2
+		}
+		fmt.Fprintln(os.Stderr, "bench: writing the figures measured before the failure")
+	}
+	if werr := writeOutputs(*out, report); werr != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", werr)
+		return 2
+	}
+	fmt.Println()
+	fmt.Printf("Outboxmill benchmark (%s run %s, %.0f s)\n", report.Mode, report.RunID, report.Seconds)
+	_ = report.WriteMachine(os.Stdout)
+	fmt.Println()
+	_ = report.WriteTable(os.Stdout)
+	for _, n := range report.Notes {
+		fmt.Println("note: " + n)
+	}
+	fmt.Printf("\nwritten to %s: bench.json, table.txt, table.md, latency.svg, bench.log\n", *out)
+	if *readme != "" && err == nil {
+		if rerr := updateReadme(*readme, report); rerr != nil {
+			fmt.Fprintf(os.Stderr, "bench: %v\n", rerr)
+			return 2
+		}
+		fmt.Printf("updated the benchmark results in %s\n", *readme)
+	}
+	if !report.OK {
+		fmt.Fprintln(os.Stderr)
+		fmt.Fprintln(os.Stderr, "!!! THE PIPELINE LOST OR DOUBLED EVENTS !!!")
+		for _, in := range report.Integrity {
+			if !in.OK() {
+				fmt.Fprintf(os.Stderr, "!!! %s: committed %d, lost %d, doubled %d, ghosts %d; e.g. %s\n",
+					in.Variant, in.Committed, in.Lost, in.Doubled, in.Ghosts, strings.Join(in.Examples, ", "))
+			}
+		}
+		return 1
+	}
+	if err != nil {
+		return 2
+	}
+	return 0
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
+
+func writeOutputs(dir string, report *bench.Report) error {
+	files := []struct {
+		name  string
+		write func(*bytes.Buffer) error
+	}{
+		{"bench.json", func(b *bytes.Buffer) error { return report.WriteJSON(b) }},
+		{"table.txt", func(b *bytes.Buffer) error { return report.WriteTable(b) }},
+		{"table.md", func(b *bytes.Buffer) error { return report.WriteMarkdown(b) }},
+		{"latency.svg", func(b *bytes.Buffer) error { return report.WriteLatencyChart(b) }},
+	}
+	for _, f := range files {
+		var b bytes.Buffer
+		if err := f.write(&b); err != nil {
+			return fmt.Errorf("render %s: %w", f.name, err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f.name), b.Bytes(), 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", f.name, err)
+		}
+	}
+	return nil
+}
+
+// README markers around the generated benchmark results.
+const (
+	readmeBegin = "<!-- bench:begin -->"
+	readmeEnd   = "<!-- bench:end -->"
+)
+
+// updateReadme replaces what lies between the bench markers of path with
+// the run's machine, table and notes.
+func updateReadme(path string, report *bench.Report) error {
+	body, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	text := string(body)
+	i, j := strings.Index(text, readmeBegin), strings.Index(text, readmeEnd)
+	if i < 0 || j < i {
+		return fmt.Errorf("%s has no %s ... %s section to update", path, readmeBegin, readmeEnd)
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "%s\n", readmeBegin)
+	fmt.Fprintf(&b, "Latest run: `%s` mode, %s, %.0f s. Machine: ", report.Mode, report.StartedAt.Format(time.DateOnly), report.Seconds)
+	_ = report.WriteMachine(&b)
+	b.WriteString("\n")
+	_ = report.WriteMarkdown(&b)
+	if len(report.Notes) > 0 {
+		b.WriteString("\nNotes from the run:\n\n")
+		for _, n := range report.Notes {
+			fmt.Fprintf(&b, "- %s\n", n)
+		}
+	}
+	b.WriteString(readmeEnd)
+	text = text[:i] + b.String() + text[j+len(readmeEnd):]
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,159 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxmill/outboxmill/adapters/relay"
+	"github.com/outboxmill/outboxmill/internal/stack"
+)
+
+// tinyConfig is the quick run's machinery at a few hundred events, for the
+// smoke test: every phase runs, briefly.
+func tinyConfig(t *testing.T) Config {
+	t.Helper()
+	servers := stack.EnvFromEnvironment()
+	cfg := QuickConfig(servers.AdminDatabaseURL, servers.AMQPURL)
+	cfg.Mode = "tiny"
+	cfg.RelayKinds = []string{relay.KindWatermill, "no-such-kind"}
+	// The stock forwarder polls once a second: it would slow the test down,
+	// and the ratios against it are tested on their own (TestRunner_finish).
+	cfg.Baselines = []string{BaselineNaive}
+	cfg.CommitWriters = []int{1, 4}
+	cfg.LimitWindow = 200 * time.Millisecond
+	cfg.ConsumeMessages = 200
+	cfg.Backlog = 300
+	cfg.DrainMax = 3 * time.Second
+	cfg.Producers = 4
+	cfg.MaxInFlight = 100
+	cfg.Warmup = 100 * time.Millisecond
+	cfg.E2EWindow = 400 * time.Millisecond
+	cfg.Loads = []int{20}
+	cfg.LatencyWindow = 300 * time.Millisecond
+	cfg.IdleWindow = 500 * time.Millisecond
+	cfg.WakeWindow = 200 * time.Millisecond
+	cfg.RelayPollInterval = 50 * time.Millisecond
+	cfg.StallTimeout = 20 * time.Second
+	return cfg
+}
+
+func TestRun(t *testing.T) {
+	t.Run("tiny run measures every figure and loses nothing", func(t *testing.T) {
+		cfg := tinyConfig(t)
+		var progress bytes.Buffer
+		cfg.Progress = &progress
+		report, err := Run(context.Background(), cfg)
+		if err != nil {
+			t.Fatalf("Run: %v\nprogress:\n%s", err, progress.String())
+		}
+		if !report.OK {
+			t.Fatalf("report not OK: integrity %+v\nprogress:\n%s", report.Integrity, progress.String())
+		}
+
+		want := []struct{ group, name, variant string }{
+			{GroupLimit, figCommit(1), ""},
+			{GroupLimit, figCommit(4), ""},
+			{GroupLimit, figPublishEach, ""},
+			{GroupLimit, figPublishWindow + " 256", ""},
+			{GroupLimit, figConsume, ""},
+			{GroupDrain, figDrain(300), "relay/watermill"},
+			{GroupE2E, figE2E, BaselineNaive},
+			{GroupE2E, figE2E, "relay/watermill"},
+			{GroupIdle, figIdle, "relay/watermill"},
+			{GroupWake, figWakeOff, "relay/watermill"},
+			{GroupWake, figWakeOn, "relay/watermill"},
+		}
+		for _, w := range want {
+			f, ok := report.find(w.group, w.name, w.variant)
+			if !ok {
+				t.Errorf("no figure %s / %s / %s", w.group, w.name, w.variant)
+				continue
+			}
+			if len(f.Samples) != cfg.Reps {
+				t.Errorf("%s %s: %d samples, want %d", f.Name, f.Variant, len(f.Samples), cfg.Reps)
+			}
+			if !(f.Min <= f.Median) {
+				t.Errorf("%s %s: min %g above median %g", f.Name, f.Variant, f.Min, f.Median)
+			}
+		}
+		if f, ok := report.find(GroupDrain, figDrain(300), "relay/watermill"); ok && f.Median <= 0 {
+			t.Errorf("relay/watermill drained nothing: %+v", f)
+		}
+
+		for _, group := range []string{GroupDrain, GroupE2E} {
+			name := figE2E
+			if group == GroupDrain {
+				name = figDrain(300)
+			}
+			f, _ := report.find(group, name, "relay/watermill")
+			if len(f.Ratios) != 1 || f.Ratios[0].Kind != "limit" || !(f.Ratios[0].Value > 0) {
+				t.Errorf("%s ratios of relay/watermill = %+v, want one against the limit", group, f.Ratios)
+			}
+		}
+
+		if len(report.Latency) == 0 {
+			t.Errorf("no latency point; notes: %v", report.Notes)
+		}
+		for _, p := range report.Latency {
+			if p.P50 > p.P99 || p.P99 > p.Max {
+				t.Errorf("latency of %s at %d/s not ordered: %+v", p.Variant, p.Load, p)
+			}
+		}
+
+		if len(report.Integrity) != 2 {
+			t.Errorf("integrity of %d variants, want 2 (naive, relay/watermill): %+v", len(report.Integrity), report.Integrity)
+		}
+		for _, in := range report.Integrity {
+			if in.Committed == 0 || in.Handled != in.Committed {
+				t.Errorf("%s: committed %d, handled %d", in.Variant, in.Committed, in.Handled)
+			}
+		}
+
+		var skipped bool
+		for _, v := range report.Variants {
+			if v.Key == "relay/no-such-kind" {
+				skipped = v.Skipped != ""
+			}
+		}
+		if !skipped || !strings.Contains(strings.Join(report.Notes, "\n"), `"no-such-kind"`) {
+			t.Errorf("unknown kind not reported as skipped: variants %+v, notes %v", report.Variants, report.Notes)
+		}
+
+		var js, table, md, svg bytes.Buffer
+		for name, write := range map[string]func() error{
+			"json":     func() error { return report.WriteJSON(&js) },
+			"table":    func() error { return report.WriteTable(&table) },
+			"markdown": func() error { return report.WriteMarkdown(&md) },
+			"chart":    func() error { return report.WriteLatencyChart(&svg) },
+		} {
+			if err := write(); err != nil {
+				t.Errorf("write %s: %v", name, err)
+			}
+		}
+		var decoded Report
+		if err := json.Unmarshal(js.Bytes(), &decoded); err != nil || len(decoded.Figures) != len(report.Figures) {
+			t.Errorf("JSON does not round-trip: %v", err)
+		}
+		if !strings.Contains(table.String(), "end-to-end throughput") || !strings.Contains(md.String(), "| end to end |") {
+			t.Errorf("tables miss the end-to-end rows:\n%s\n%s", table.String(), md.String())
+		}
+		if !strings.HasPrefix(svg.String(), "<svg") || !strings.Contains(svg.String(), "<circle") {
+			t.Errorf("chart has no data points:\n%s", svg.String())
+		}
+		if t.Failed() || testing.Verbose() {
+			t.Logf("progress:\n%s\ntable:\n%s", progress.String(), table.String())
+		}
+	})
+
+	t.Run("bad config changes nothing", func(t *testing.T) {
+		cfg := tinyConfig(t)
+		cfg.Reps = 1
+		if _, err := Run(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "reps must be at least 2") {
+			t.Fatalf("Run with one repetition: err = %v, want a config error", err)
+		}
+	})
+}

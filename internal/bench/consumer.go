@@ -1,0 +1,161 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/domain"
+	"github.com/outboxmill/outboxmill/handlers/settle"
+	"github.com/outboxmill/outboxmill/middleware"
+	"github.com/outboxmill/outboxmill/services"
+)
+
+// consumer is the settlement-style consumer, wired as the settlement
+// service wires it: one Watermill handler per lane queue (lanes run in
+// parallel, each in order), the settlement handler behind set-aside, retry,
+// recoverer and dedup in the handler's transaction. It records in a tracker
+// when each event was handled.
+type consumer struct {
+	router *message.Router
+	sub    *wmamqp.Subscriber
+	done   chan error
+}
+
+// startConsumer starts consuming the lane queues of names into the
+// settlement tables of db.
+func startConsumer(ctx context.Context, db *sqlx.DB, amqpURL string, names services.Names, prefetch int, tr *tracker, logger *slog.Logger) (*consumer, error) {
+	wmLogger := watermill.NewSlogLogger(logger)
+	sub, err := wmamqp.NewSubscriber(rabbitmq.SubscriberConfig(amqpURL, names.Exchange(), prefetch), wmLogger)
+	if err != nil {
+		return nil, fmt.Errorf("consumer subscriber: %w", err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, wmLogger)
+	if err != nil {
+		_ = sub.Close()
+		return nil, fmt.Errorf("consumer router: %w", err)
+	}
+	settler := settle.NewHandler(postgres.NewSettlementLedger(db))
+	setAside := postgres.NewSetAsideStore(db)
+	for lane := range services.SettlementLanes {
+		queue := names.SettlementQueue(lane)
+		handler := router.AddConsumerHandler(fmt.Sprintf("%s.%d", settle.HandlerName, lane), queue, sub, settler.Handle)
+		handler.AddMiddleware(
+			handledAt(tr),
+			middleware.SetAside{Store: setAside, Handler: settle.HandlerName, Topic: queue, Logger: logger}.Middleware,
+			middleware.Retry{}.Middleware,
+			middleware.Recoverer,
+			middleware.Dedup{
+				DB:          db,
+				Handler:     settle.HandlerName,
+				OnDuplicate: func(*message.Message) { tr.duplicate() },
+			}.Middleware,
+		)
+	}
+	c := &consumer{router: router, sub: sub, done: make(chan error, 1)}
+	go func() { c.done <- router.Run(context.WithoutCancel(ctx)) }()
+	select {
+	case <-router.Running():
+		return c, nil
+	case err := <-c.done:
+		_ = sub.Close()
+		return nil, fmt.Errorf("consumer router stopped at start: %w", err)
+	case <-ctx.Done():
+		return nil, errors.Join(ctx.Err(), c.close())
+	}
+}
+
+// handledAt records in tr when the handler chain finished with a message
+// without error: after the dedup transaction committed, before the ack.
+func handledAt(tr *tracker) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err == nil {
+				tr.handle(msg.UUID, time.Now())
+			}
+			return out, err
+		}
+	}
+}
+
+// close stops consuming after the message in flight.
+func (c *consumer) close() error {
+	err := c.router.Close()
+	select {
+	case runErr := <-c.done:
+		err = errors.Join(err, runErr)
+	case <-time.After(30 * time.Second):
+		err = errors.Join(err, errors.New("consumer did not stop within 30 s"))
+	}
+	return errors.Join(err, c.sub.Close())
+}
+
+// checkIntegrity compares what tr says was committed with the settlement
+// entries in db: every committed event must have exactly one settlement
+// (two entries), and no entry may belong to an event never committed.
+func checkIntegrity(ctx context.Context, db *sqlx.DB, variant string, tr *tracker) (Integrity, error) {
+	rows, err := db.QueryContext(ctx, `SELECT event_id, count(*) FROM settlement_entries GROUP BY event_id`)
+	if err != nil {
+		return Integrity{}, fmt.Errorf("read settlement entries: %w", err)
+	}
+	defer rows.Close()
+	entries := map[string]int{}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			return Integrity{}, err
+		}
+		entries[id] = n
+	}
+	if err := rows.Err(); err != nil {
+		return Integrity{}, err
+	}
+	// One settlement appends a platform fee and a merchant credit.
+	perEvent := len(mustEntries())
+
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	in := Integrity{Variant: variant, Committed: len(tr.committed), Handled: len(tr.handled), Redelivered: tr.redelivered}
+	example := func(kind, id string) {
+		if len(in.Examples) < 5 {
+			in.Examples = append(in.Examples, kind+" "+id)
+		}
+	}
+	for id := range tr.committed {
+		switch n := entries[id]; {
+		case n == 0:
+			in.Lost++
+			example("lost", id)
+		case n > perEvent:
+			in.Doubled++
+			example("doubled", id)
+		}
+	}
+	for id := range entries {
+		if _, ok := tr.committed[id]; !ok {
+			in.Ghosts++
+			example("ghost", id)
+		}
+	}
+	return in, nil
+}
+
+// mustEntries returns the ledger entries of one bench order.
+func mustEntries() []domain.LedgerEntry {
+	entries, err := domain.SettlementEntries(orderAmount)
+	if err != nil {
+		panic(fmt.Sprintf("settlement entries of the bench amount: %v", err))
+	}
+	return entries
+}

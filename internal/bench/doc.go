@@ -1,0 +1,30 @@
+// Package bench measures Outboxmill's pipeline against the limits of the
+// machine it runs on, in one run against the real PostgreSQL and RabbitMQ.
+//
+// A run measures, each at least twice:
+//   - the limits: the commit rate of the business-row-plus-outbox-row
+//     transaction (the real OrderRepository and outbox.Writer) with 1, 4 and
+//     16 writers; RabbitMQ's persistent publish rate with one confirm at a
+//     time and with a window of confirms in flight; its consume rate with
+//     manual acks;
+//   - the baselines: a naive dual write (commit, then publish with a
+//     confirm), Watermill's forwarder with every library default, and
+//     Watermill's forwarder with the best safe settings found;
+//   - each relay kind of relay.New: the drain rate of a pre-filled backlog,
+//     the end-to-end throughput with producers, relay and a settlement-style
+//     consumer (dedup transaction included) running together, the latency
+//     from commit to handled at fixed offered loads, the database
+//     transactions per second while idle, and the producers' commit rate with
+//     and without the relay wake-up.
+//
+// Run returns a Report: figures with their samples, min and median, and
+// ratios against the relevant limit and against the stock forwarder. The
+// report renders as a text table, a Markdown table, JSON and an SVG chart of
+// latency against offered load.
+//
+// A run never fails because the machine is slow. It fails (Report.OK is
+// false) only when the pipeline loses or doubles an event.
+//
+// Every run works in its own databases and broker objects, named after the
+// run, and removes them when it ends.
+package bench

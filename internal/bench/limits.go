@@ -1,0 +1,277 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+)
+
+// Names of the limit figures, which ratios refer to.
+const (
+	figPublishEach   = "publish, confirm each"
+	figPublishWindow = "publish, confirm window"
+	figConsume       = "consume, manual ack each"
+)
+
+func figCommit(writers int) string {
+	if writers == 1 {
+		return "commit order+outbox, 1 writer"
+	}
+	return fmt.Sprintf("commit order+outbox, %d writers", writers)
+}
+
+// measureLimits measures the commit rate of the business+outbox
+// transaction and RabbitMQ's publish and consume rates.
+func (r *runner) measureLimits(ctx context.Context) error {
+	if err := r.measureCommitLimits(ctx); err != nil {
+		return err
+	}
+	return r.measureBrokerLimits(ctx)
+}
+
+func (r *runner) measureCommitLimits(ctx context.Context) error {
+	w, err := r.workspace(ctx, r.poolSize())
+	if err != nil {
+		return err
+	}
+	if err := w.reset(ctx); err != nil {
+		return err
+	}
+	writer, err := outbox.NewWriter(outbox.DefaultConfig(), watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	repo := postgres.NewOrderRepository(w.ordersDB, writer, nil)
+	samples := map[int][]float64{}
+	// Repetitions go round the writer counts, so that a slow moment of the
+	// shared machine does not fall on one count only.
+	for rep := 0; rep < r.cfg.Reps; rep++ {
+		for _, w := range r.cfg.CommitWriters {
+			units := make([]unitOfWork, w)
+			for i := range units {
+				units[i] = outboxUnit(repo)
+			}
+			res, err := flatOut(ctx, units, r.cfg.LimitWindow, nil, nil)
+			if err != nil {
+				return fmt.Errorf("commit rate with %d writers: %w", w, err)
+			}
+			samples[w] = append(samples[w], res.Rate())
+			r.progress("limit  %-40s rep %d: %.0f/s", figCommit(w), rep+1, res.Rate())
+		}
+	}
+	for _, w := range r.cfg.CommitWriters {
+		r.report.Figures = append(r.report.Figures, newFigure(GroupLimit, figCommit(w), "", "events/s", samples[w]))
+	}
+	return nil
+}
+
+// sampleMessage is a typical message as the relay publishes it, and its
+// routing key.
+func sampleMessage() (amqp.Publishing, string, error) {
+	_, ev, err := newPaidOrder(time.Now())
+	if err != nil {
+		return amqp.Publishing{}, "", err
+	}
+	msg, err := outbox.Encode(ev)
+	if err != nil {
+		return amqp.Publishing{}, "", err
+	}
+	pub, err := rabbitmq.Marshaler{}.Marshal(msg)
+	return pub, outbox.RoutingKey(ev.Type, ev.AggregateID), err
+}
+
+func (r *runner) measureBrokerLimits(ctx context.Context) error {
+	objs, remove, err := r.declare(ctx, "limit", map[string][]string{"sink": {"#"}})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = remove(context.WithoutCancel(ctx)) }()
+	conn, err := rabbitmq.Dial(ctx, r.servers.AMQPURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	pub, key, err := sampleMessage()
+	if err != nil {
+		return err
+	}
+	queue := objs.queue("sink")
+	windowName := fmt.Sprintf("%s %d", figPublishWindow, r.cfg.ConfirmWindow)
+	var each, window, consume []float64
+	for rep := 0; rep < r.cfg.Reps; rep++ {
+		rate, err := publishRate(ctx, conn, objs.exchange, key, pub, 1, r.cfg.LimitWindow)
+		if err != nil {
+			return fmt.Errorf("%s: %w", figPublishEach, err)
+		}
+		each = append(each, rate)
+		r.progress("limit  %-40s rep %d: %.0f/s", figPublishEach, rep+1, rate)
+		if err := purge(conn, queue); err != nil {
+			return err
+		}
+
+		rate, err = publishRate(ctx, conn, objs.exchange, key, pub, r.cfg.ConfirmWindow, r.cfg.LimitWindow)
+		if err != nil {
+			return fmt.Errorf("%s: %w", windowName, err)
+		}
+		window = append(window, rate)
+		r.progress("limit  %-40s rep %d: %.0f/s", windowName, rep+1, rate)
+		if err := purge(conn, queue); err != nil {
+			return err
+		}
+
+		if err := publishN(ctx, conn, objs.exchange, key, pub, r.cfg.ConfirmWindow, r.cfg.ConsumeMessages); err != nil {
+			return fmt.Errorf("fill queue to consume: %w", err)
+		}
+		rate, err = consumeRate(ctx, conn, queue, r.cfg.ConsumePrefetch, r.cfg.ConsumeMessages)
+		if err != nil {
+			return fmt.Errorf("%s: %w", figConsume, err)
+		}
+		consume = append(consume, rate)
+		r.progress("limit  %-40s rep %d: %.0f/s", figConsume, rep+1, rate)
+	}
+	r.report.Figures = append(r.report.Figures,
+		newFigure(GroupLimit, figPublishEach, "", "msgs/s", each),
+		newFigure(GroupLimit, windowName, "", "msgs/s", window),
+	)
+	f := newFigure(GroupLimit, figConsume, "", "msgs/s", consume)
+	f.Note = fmt.Sprintf("prefetch %d, %d msgs", r.cfg.ConsumePrefetch, r.cfg.ConsumeMessages)
+	r.report.Figures = append(r.report.Figures, f)
+	return nil
+}
+
+func purge(conn *amqp.Connection, queue string) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if _, err := ch.QueuePurge(queue, false); err != nil {
+		return fmt.Errorf("purge %s: %w", queue, err)
+	}
+	return nil
+}
+
+// publishRate publishes persistent copies of pub to exchange with key for d, with at
+// most inFlight confirms outstanding, and returns the confirmed messages per
+// second.
+func publishRate(ctx context.Context, conn *amqp.Connection, exchange, key string, pub amqp.Publishing, inFlight int, d time.Duration) (float64, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		return 0, err
+	}
+	pending := make([]*amqp.DeferredConfirmation, 0, inFlight)
+	confirmed := 0
+	waitOldest := func() error {
+		ok, err := pending[0].WaitContext(ctx)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errors.New("broker refused a publish")
+		}
+		pending = pending[1:]
+		confirmed++
+		return nil
+	}
+	start := time.Now()
+	deadline := start.Add(d)
+	for time.Now().Before(deadline) {
+		if len(pending) == inFlight {
+			if err := waitOldest(); err != nil {
+				return 0, err
+			}
+		}
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, false, false, pub)
+		if err != nil {
+			return 0, err
+		}
+		pending = append(pending, dc)
+	}
+	for len(pending) > 0 {
+		if err := waitOldest(); err != nil {
+			return 0, err
+		}
+	}
+	return float64(confirmed) / time.Since(start).Seconds(), nil
+}
+
+// publishN publishes n persistent copies of pub with a window of confirms.
+func publishN(ctx context.Context, conn *amqp.Connection, exchange, key string, pub amqp.Publishing, inFlight, n int) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		return err
+	}
+	pending := make([]*amqp.DeferredConfirmation, 0, inFlight)
+	for i := 0; i < n || len(pending) > 0; {
+		if i < n && len(pending) < inFlight {
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, false, false, pub)
+			if err != nil {
+				return err
+			}
+			pending = append(pending, dc)
+			i++
+			continue
+		}
+		ok, err := pending[0].WaitContext(ctx)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errors.New("broker refused a publish")
+		}
+		pending = pending[1:]
+	}
+	return nil
+}
+
+// consumeRate consumes n messages from queue with manual acks, one ack per
+// message, and returns the messages per second.
+func consumeRate(ctx context.Context, conn *amqp.Connection, queue string, prefetch, n int) (float64, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	defer ch.Close()
+	if err := ch.Qos(prefetch, 0, false); err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	deliveries, err := ch.ConsumeWithContext(ctx, queue, "", false, false, false, false, nil)
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	for got := 0; got < n; got++ {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return 0, errors.New("delivery channel closed")
+			}
+			if err := d.Ack(false); err != nil {
+				return 0, err
+			}
+		case <-time.After(30 * time.Second):
+			return 0, fmt.Errorf("no delivery for 30 s after %d of %d", got, n)
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}

@@ -1,0 +1,604 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
+	"github.com/jmoiron/sqlx"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/app"
+	"github.com/outboxmill/outboxmill/services"
+)
+
+// Names of the pipeline figures.
+const (
+	figE2E      = "end-to-end throughput"
+	figP50      = "p50"
+	figP99      = "p99"
+	figMax      = "max"
+	figAchieved = "achieved load"
+	figIdle     = "database load while idle"
+	figWakeOff  = "commit with relay running, no wake-up"
+	figWakeOn   = "commit with relay running, wake-up on"
+)
+
+func figDrain(backlog int) string {
+	if backlog%1000 == 0 {
+		return fmt.Sprintf("drain %dk backlog", backlog/1000)
+	}
+	return fmt.Sprintf("drain %d backlog", backlog)
+}
+
+// relayPoolSize bounds the connections of a relay's own pool.
+const relayPoolSize = 4
+
+// settlementPoolSize bounds the connections of the consumer's pool, as in
+// the settlement service.
+const settlementPoolSize = 16
+
+// measureDrains fills one outbox with the backlog, then, for each relay
+// variant and repetition, lets the variant's relay drain a copy of it and
+// counts the events the broker enqueued on a queue bound to everything.
+func (r *runner) measureDrains(ctx context.Context, vs []variant) error {
+	var relays []variant
+	for _, v := range vs {
+		if v.build != nil {
+			relays = append(relays, v)
+		}
+	}
+	if len(relays) == 0 {
+		return nil
+	}
+	tmpl, db, err := r.ordersDatabase(ctx, "backlog", 2)
+	if err != nil {
+		return err
+	}
+	db.Close() // a template database must have no sessions
+	defer func() { _ = tmpl.drop(context.WithoutCancel(ctx)) }()
+	start := time.Now()
+	if _, err := fillBacklog(ctx, tmpl.url, r.cfg.Backlog); err != nil {
+		return err
+	}
+	r.progress("drain  filled a backlog of %d events in %.1f s", r.cfg.Backlog, time.Since(start).Seconds())
+
+	samples := map[string][]float64{}
+	partial := map[string]string{}
+	for rep := 0; rep < r.cfg.Reps; rep++ {
+		for _, v := range relays {
+			if _, ok := r.skipped[v.key]; ok {
+				continue
+			}
+			res, err := r.drainOnce(ctx, v, tmpl.name)
+			var be *buildError
+			if errors.As(err, &be) {
+				r.skip(v, be.err)
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", v.label, err)
+			}
+			rate := float64(res.enqueued) / res.elapsed.Seconds()
+			samples[v.key] = append(samples[v.key], rate)
+			status := "drained"
+			if res.enqueued < r.cfg.Backlog {
+				status = fmt.Sprintf("stopped after %.0f s at %d of %d", res.elapsed.Seconds(), res.enqueued, r.cfg.Backlog)
+				partial[v.key] = fmt.Sprintf("capped at %s: rate over the first %d of %d events", r.cfg.DrainMax, res.enqueued, r.cfg.Backlog)
+			} else if res.final > r.cfg.Backlog {
+				status = fmt.Sprintf("drained, %d published twice", res.final-r.cfg.Backlog)
+			}
+			r.progress("drain  %-24s rep %d: %.0f events/s (%s)", v.label, rep+1, rate, status)
+		}
+	}
+	for _, v := range relays {
+		if len(samples[v.key]) == 0 {
+			continue
+		}
+		f := newFigure(GroupDrain, figDrain(r.cfg.Backlog), v.key, "events/s", samples[v.key])
+		if p, ok := partial[v.key]; ok {
+			f.Note = p
+		}
+		r.report.Figures = append(r.report.Figures, f)
+	}
+	return nil
+}
+
+// buildError is a relay that could not be built.
+type buildError struct{ err error }
+
+func (e *buildError) Error() string { return e.err.Error() }
+
+type drainResult struct {
+	// enqueued is the queue depth when the drain ended, elapsed after the
+	// relay started.
+	enqueued int
+	elapsed  time.Duration
+	// final is the queue depth after the relay stopped; above the backlog,
+	// events were published twice.
+	final int
+}
+
+func (r *runner) drainOnce(ctx context.Context, v variant, template string) (drainResult, error) {
+	d, err := r.createDatabase(ctx, "drain", template)
+	if err != nil {
+		return drainResult{}, err
+	}
+	defer func() { _ = d.drop(context.WithoutCancel(ctx)) }()
+	db, err := postgres.Open(ctx, d.url, relayPoolSize)
+	if err != nil {
+		return drainResult{}, err
+	}
+	defer db.Close()
+	objs, remove, err := r.declare(ctx, "drain", map[string][]string{"count": {"#"}})
+	if err != nil {
+		return drainResult{}, err
+	}
+	defer func() { _ = remove(context.WithoutCancel(ctx)) }()
+	conn, err := rabbitmq.Dial(ctx, r.servers.AMQPURL)
+	if err != nil {
+		return drainResult{}, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return drainResult{}, err
+	}
+	defer ch.Close()
+
+	rel, err := v.build(db, objs.exchange)
+	if err != nil {
+		return drainResult{}, &buildError{err}
+	}
+	start := time.Now()
+	rr := startRelay(ctx, rel)
+	var res drainResult
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		n, err := queueDepth(ch, objs.queue("count"))
+		if err != nil {
+			_ = rr.stop()
+			return drainResult{}, err
+		}
+		res = drainResult{enqueued: n, elapsed: time.Since(start)}
+		if n >= r.cfg.Backlog || res.elapsed >= r.cfg.DrainMax {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			_ = rr.stop()
+			return drainResult{}, ctx.Err()
+		case err := <-rr.done:
+			return drainResult{}, fmt.Errorf("relay stopped during the drain: %v", err)
+		case <-tick.C:
+		}
+	}
+	if err := rr.stop(); err != nil {
+		r.cfg.Logger.Warn("relay stop after drain", "variant", v.key, "error", err)
+	}
+	res.final = res.enqueued
+	if n, err := queueDepth(ch, objs.queue("count")); err == nil {
+		res.final = n
+	}
+	return res, nil
+}
+
+// pipeline is a variant set up end to end: producers, relay, consumer.
+type pipeline struct {
+	v        variant
+	work     *workspace
+	relayDB  *sqlx.DB
+	names    services.Names
+	tr       *tracker
+	cons     *consumer
+	relay    *runningRelay
+	amqpConn *amqp.Connection
+	units    []unitOfWork
+	// closers tear the pipeline down, in reverse order of set-up.
+	closers []func(context.Context) error
+}
+
+func (p *pipeline) close(ctx context.Context) error {
+	var errs []error
+	for i := len(p.closers) - 1; i >= 0; i-- {
+		errs = append(errs, p.closers[i](ctx))
+	}
+	p.closers = nil
+	return errors.Join(errs...)
+}
+
+func (p *pipeline) onClose(fn func(context.Context) error) { p.closers = append(p.closers, fn) }
+
+// setUp builds v's pipeline on the emptied workspace: an exchange with the
+// settlement queue, the consumer, the relay on its own pool (woken by
+// RelayWakeUp for relay kinds) and one unit of work per producer.
+func (r *runner) setUp(ctx context.Context, v variant) (p *pipeline, err error) {
+	p = &pipeline{v: v, tr: newTracker()}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, p.close(context.WithoutCancel(ctx)))
+		}
+	}()
+	if p.work, err = r.workspace(ctx, r.poolSize()); err != nil {
+		return p, err
+	}
+	if err := p.work.reset(ctx); err != nil {
+		return p, err
+	}
+	// The settlement service's topology: an exchange and the lane queues.
+	p.names = services.Names{Namespace: r.namespace("pipe")}
+	_, remove, err := r.declareTopology(ctx, services.Topology(p.names, rabbitmq.QueueClassic))
+	p.onClose(remove)
+	if err != nil {
+		return p, err
+	}
+	p.cons, err = startConsumer(ctx, p.work.settleDB, r.servers.AMQPURL, p.names, r.cfg.ConsumerPrefetch, p.tr, r.cfg.Logger)
+	if err != nil {
+		return p, err
+	}
+	p.onClose(func(context.Context) error { return p.cons.close() })
+
+	writer, err := outbox.NewWriter(outbox.DefaultConfig(), watermill.NopLogger{})
+	if err != nil {
+		return p, err
+	}
+	if v.naive {
+		p.amqpConn, err = rabbitmq.Dial(ctx, r.servers.AMQPURL)
+		if err != nil {
+			return p, err
+		}
+		p.onClose(func(context.Context) error { return p.amqpConn.Close() })
+		repo := postgres.NewOrderRepository(p.work.ordersDB, writer, nil)
+		for range r.cfg.Producers {
+			ch, err := p.amqpConn.Channel()
+			if err != nil {
+				return p, err
+			}
+			if err := ch.Confirm(false); err != nil {
+				return p, err
+			}
+			p.units = append(p.units, naiveUnit(repo, ch, p.names.Exchange(), p.tr))
+		}
+		return p, nil
+	}
+
+	p.relayDB, err = postgres.Open(ctx, p.work.orders.url, relayPoolSize)
+	if err != nil {
+		return p, err
+	}
+	p.onClose(closeDB(p.relayDB))
+	rel, err := v.build(p.relayDB, p.names.Exchange())
+	if err != nil {
+		return p, &buildError{err}
+	}
+	p.relay = startRelay(ctx, rel)
+	p.onClose(func(context.Context) error { return p.relay.stop() })
+	var listener app.CommitListener
+	if v.kind != "" {
+		listener = wakeListener(RelayWakeUp(rel))
+	}
+	repo := postgres.NewOrderRepository(p.work.ordersDB, writer, listener)
+	for range r.cfg.Producers {
+		p.units = append(p.units, outboxUnit(repo))
+	}
+	return p, nil
+}
+
+// measurePipeline measures v end to end: throughput, latency at each
+// offered load below its capacity, and the database load while idle. It
+// then checks that every committed event was handled exactly once.
+func (r *runner) measurePipeline(ctx context.Context, v variant) error {
+	p, err := r.setUp(ctx, v)
+	var be *buildError
+	if errors.As(err, &be) {
+		r.skip(v, be.err)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer func() { _ = p.close(context.WithoutCancel(ctx)) }()
+
+	capacity, err := r.measureE2E(ctx, p)
+	if err != nil {
+		return err
+	}
+	if err := r.measureLatency(ctx, p, capacity); err != nil {
+		return err
+	}
+	if !v.naive {
+		if err := r.measureIdle(ctx, p); err != nil {
+			return err
+		}
+	}
+	if p.tr.publishErrors.Load() > 0 {
+		r.report.Notes = append(r.report.Notes, fmt.Sprintf("%s: %d publishes failed after their commit: those events are lost, the failure mode of a dual write", v.label, p.tr.publishErrors.Load()))
+	}
+	in, err := checkIntegrity(ctx, p.work.settleDB, v.key, p.tr)
+	if err != nil {
+		return err
+	}
+	r.report.Integrity = append(r.report.Integrity, in)
+	verdict := "ok"
+	if !in.OK() {
+		verdict = fmt.Sprintf("LOST %d, DOUBLED %d, GHOSTS %d (%v)", in.Lost, in.Doubled, in.Ghosts, in.Examples)
+	}
+	r.progress("check  %-24s committed %d, handled %d, redelivered %d: %s", v.label, in.Committed, in.Handled, in.Redelivered, verdict)
+	return nil
+}
+
+// measureE2E runs the producers flat out (held back only while
+// MaxInFlight events are in flight) and counts the events handled per
+// second after the warm-up. It returns the median rate.
+func (r *runner) measureE2E(ctx context.Context, p *pipeline) (float64, error) {
+	hold := func() bool { return p.tr.inFlight() >= int64(r.cfg.MaxInFlight) }
+	var samples, commits, held []float64
+	for rep := 0; rep < r.cfg.Reps; rep++ {
+		type result struct {
+			res flatOutResult
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			res, err := flatOut(ctx, p.units, r.cfg.Warmup+r.cfg.E2EWindow, p.tr, hold)
+			done <- result{res, err}
+		}()
+		if err := sleep(ctx, r.cfg.Warmup); err != nil {
+			return 0, err
+		}
+		h0, t0 := p.tr.nHandled.Load(), time.Now()
+		if err := sleep(ctx, r.cfg.E2EWindow); err != nil {
+			return 0, err
+		}
+		h1, t1 := p.tr.nHandled.Load(), time.Now()
+		res := <-done
+		if res.err != nil {
+			return 0, res.err
+		}
+		rate := float64(h1-h0) / t1.Sub(t0).Seconds()
+		samples = append(samples, rate)
+		commits = append(commits, res.res.Rate())
+		held = append(held, res.res.Held)
+		backlog := p.tr.inFlight()
+		drainStart := time.Now()
+		lost, err := p.tr.waitHandled(ctx, r.cfg.StallTimeout)
+		if err != nil {
+			return 0, err
+		}
+		r.progress("e2e    %-24s rep %d: %.0f handled/s (producers %.0f/s, held back %.0f%%; %d in flight at the end, caught up in %.1f s)",
+			p.v.label, rep+1, rate, res.res.Rate(), 100*res.res.Held, backlog, time.Since(drainStart).Seconds())
+		if lost > 0 {
+			r.progress("e2e    %-24s %d events not handled after %s without progress", p.v.label, lost, r.cfg.StallTimeout)
+		}
+	}
+	f := newFigure(GroupE2E, figE2E, p.v.key, "events/s", samples)
+	_, commitMedian := summary(commits)
+	_, heldMedian := summary(held)
+	f.Note = fmt.Sprintf("producers %.0f/s, held back %.0f%% (%d in flight max)", commitMedian, 100*heldMedian, r.cfg.MaxInFlight)
+	r.report.Figures = append(r.report.Figures, f)
+	return f.Median, nil
+}
+
+// measureLatency offers each load below CapacityShare of capacity and
+// measures commit-to-handled latency of the events committed after the
+// warm-up.
+func (r *runner) measureLatency(ctx context.Context, p *pipeline, capacity float64) error {
+	for _, load := range r.cfg.Loads {
+		if float64(load) > r.cfg.CapacityShare*capacity {
+			note := fmt.Sprintf("%s: latency at %d/s not measured: above %.0f%% of its end-to-end throughput (%.0f/s)", p.v.label, load, 100*r.cfg.CapacityShare, capacity)
+			r.report.Notes = append(r.report.Notes, note)
+			r.progress("skip   %s", note)
+			continue
+		}
+		var p50, p99, mx, achieved []float64
+		for rep := 0; rep < r.cfg.Reps; rep++ {
+			res, err := paced(ctx, p.units, load, r.cfg.Warmup, r.cfg.LatencyWindow, p.tr)
+			if err != nil {
+				return err
+			}
+			lost, err := p.tr.waitHandled(ctx, r.cfg.StallTimeout)
+			if err != nil {
+				return err
+			}
+			lat := p.tr.latencies(res.Measured)
+			slices.Sort(lat)
+			if len(lat) == 0 {
+				return fmt.Errorf("no event committed after the warm-up at %d/s", load)
+			}
+			p50 = append(p50, ms(percentile(lat, 50)))
+			p99 = append(p99, ms(percentile(lat, 99)))
+			mx = append(mx, ms(lat[len(lat)-1]))
+			achieved = append(achieved, res.Achieved)
+			r.progress("lat    %-24s rep %d at %d/s (achieved %.0f/s): p50 %.1f ms, p99 %.1f ms, max %.1f ms over %d events",
+				p.v.label, rep+1, load, res.Achieved, p50[rep], p99[rep], mx[rep], len(lat))
+			if lost > 0 {
+				r.progress("lat    %-24s %d events not handled after %s without progress", p.v.label, lost, r.cfg.StallTimeout)
+			}
+		}
+		for _, f := range []struct {
+			name, unit string
+			samples    []float64
+		}{{figP50, "ms", p50}, {figP99, "ms", p99}, {figMax, "ms", mx}, {figAchieved, "events/s", achieved}} {
+			fig := newFigure(GroupLatency, f.name, p.v.key, f.unit, f.samples)
+			fig.Load = load
+			r.report.Figures = append(r.report.Figures, fig)
+		}
+	}
+	return nil
+}
+
+// measureIdle counts the transactions of the pipeline's databases while the
+// relay and the consumer have nothing to do. It samples pg_stat_database
+// every 100 ms and takes the slope of a least-squares line through the
+// samples, since backends report their counts in steps of about a second.
+func (r *runner) measureIdle(ctx context.Context, p *pipeline) error {
+	if _, err := p.tr.waitHandled(ctx, r.cfg.StallTimeout); err != nil {
+		return err
+	}
+	// A backend reports its transactions to pg_stat_database at most once a
+	// second while busy, ten seconds after it went idle, and at once when it
+	// exits: closing the idle connections of the busy phase keeps their
+	// late reports out of the idle window.
+	p.work.ordersDB.SetMaxIdleConns(0)
+	p.work.ordersDB.SetMaxIdleConns(r.poolSize())
+	p.work.settleDB.SetMaxIdleConns(0)
+	p.work.settleDB.SetMaxIdleConns(settlementPoolSize)
+	p.relayDB.SetMaxIdleConns(0)
+	p.relayDB.SetMaxIdleConns(relayPoolSize)
+	if err := sleep(ctx, 1200*time.Millisecond); err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, r.servers.AdminDatabaseURL)
+	if err != nil {
+		return fmt.Errorf("connect as admin: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	count := func() (float64, error) {
+		var n int64
+		err := conn.QueryRow(ctx, `
+			SELECT coalesce(sum(xact_commit + xact_rollback), 0)::bigint FROM pg_stat_database WHERE datname IN ($1, $2)`,
+			p.work.orders.name, p.work.settle.name).Scan(&n)
+		if err != nil {
+			return 0, fmt.Errorf("read pg_stat_database: %w", err)
+		}
+		return float64(n), nil
+	}
+	var samples []float64
+	for rep := 0; rep < r.cfg.Reps; rep++ {
+		var ts, ns []float64
+		start := time.Now()
+		for {
+			n, err := count()
+			if err != nil {
+				return err
+			}
+			ts, ns = append(ts, time.Since(start).Seconds()), append(ns, n)
+			if time.Since(start) >= r.cfg.IdleWindow {
+				break
+			}
+			if err := sleep(ctx, 100*time.Millisecond); err != nil {
+				return err
+			}
+		}
+		rate := math.Max(0, slope(ts, ns))
+		samples = append(samples, rate)
+		r.progress("idle   %-24s rep %d: %.1f transactions/s (%.0f counted in %.1f s)", p.v.label, rep+1, rate, ns[len(ns)-1]-ns[0], ts[len(ts)-1])
+	}
+	f := newFigure(GroupIdle, figIdle, p.v.key, "tx/s", samples)
+	r.report.Figures = append(r.report.Figures, f)
+	return nil
+}
+
+// measureWake measures, for each relay kind, the producers' commit rate
+// (Producers writers flat out) while the relay runs, without and with the
+// RelayWakeUp hook called after each commit. Each arm and repetition gets a
+// fresh outbox; the arms alternate.
+func (r *runner) measureWake(ctx context.Context, vs []variant) error {
+	for _, v := range vs {
+		if v.kind == "" {
+			continue
+		}
+		if _, ok := r.skipped[v.key]; ok {
+			continue
+		}
+		var off, on []float64
+		for rep := 0; rep < r.cfg.Reps; rep++ {
+			for _, wake := range []bool{false, true} {
+				rate, err := r.wakeOnce(ctx, v, wake)
+				var be *buildError
+				if errors.As(err, &be) {
+					r.skip(v, be.err)
+					break
+				}
+				if err != nil {
+					return fmt.Errorf("%s: %w", v.label, err)
+				}
+				if wake {
+					on = append(on, rate)
+				} else {
+					off = append(off, rate)
+				}
+				r.progress("wake   %-24s rep %d, wake-up %-5v: %.0f commits/s", v.label, rep+1, wake, rate)
+			}
+		}
+		if len(off) == 0 || len(on) == 0 {
+			continue
+		}
+		note := fmt.Sprintf("%d writers", r.cfg.Producers)
+		fOff := newFigure(GroupWake, figWakeOff, v.key, "events/s", off)
+		fOff.Note = note
+		fOn := newFigure(GroupWake, figWakeOn, v.key, "events/s", on)
+		fOn.Note = note
+		r.report.Figures = append(r.report.Figures, fOff, fOn)
+	}
+	return nil
+}
+
+func (r *runner) wakeOnce(ctx context.Context, v variant, wake bool) (float64, error) {
+	w, err := r.workspace(ctx, r.poolSize())
+	if err != nil {
+		return 0, err
+	}
+	if err := w.reset(ctx); err != nil {
+		return 0, err
+	}
+	objs, remove, err := r.declare(ctx, "wake", map[string][]string{"sink": {"#"}})
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = remove(context.WithoutCancel(ctx)) }()
+	relayDB, err := postgres.Open(ctx, w.orders.url, relayPoolSize)
+	if err != nil {
+		return 0, err
+	}
+	defer relayDB.Close()
+	rel, err := v.build(relayDB, objs.exchange)
+	if err != nil {
+		return 0, &buildError{err}
+	}
+	rr := startRelay(ctx, rel)
+	defer func() {
+		if err := rr.stop(); err != nil {
+			r.cfg.Logger.Warn("relay stop after wake-up measurement", "variant", v.key, "error", err)
+		}
+	}()
+	var listener app.CommitListener
+	if wake {
+		listener = wakeListener(RelayWakeUp(rel))
+	}
+	writer, err := outbox.NewWriter(outbox.DefaultConfig(), watermill.NopLogger{})
+	if err != nil {
+		return 0, err
+	}
+	repo := postgres.NewOrderRepository(w.ordersDB, writer, listener)
+	units := make([]unitOfWork, r.cfg.Producers)
+	for i := range units {
+		units[i] = outboxUnit(repo)
+	}
+	res, err := flatOut(ctx, units, r.cfg.WakeWindow, nil, nil)
+	if err != nil {
+		return 0, err
+	}
+	return res.Rate(), nil
+}
+
+// sleep waits for d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

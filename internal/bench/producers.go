@@ -1,0 +1,243 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/domain"
+)
+
+// unitOfWork commits one paid order. It returns the id of the event the
+// order raised and the time the commit returned.
+type unitOfWork func(ctx context.Context) (eventID string, committedAt time.Time, err error)
+
+// outboxUnit commits an order and its event in one transaction through the
+// real OrderRepository and outbox.Writer.
+func outboxUnit(repo *postgres.OrderRepository) unitOfWork {
+	return func(ctx context.Context) (string, time.Time, error) {
+		order, ev, err := newPaidOrder(time.Now())
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		if err := repo.Add(ctx, order, []domain.Event{ev}, nil); err != nil {
+			return "", time.Time{}, err
+		}
+		return ev.ID, time.Now(), nil
+	}
+}
+
+// naiveUnit commits the order alone (the repository writes no outbox row for
+// an empty event list), then publishes its event on ch, a channel in confirm
+// mode, and waits for the confirm: a dual write. A publish that fails after
+// the commit loses the event; it is counted in tr.publishErrors and shows up
+// as lost.
+func naiveUnit(repo *postgres.OrderRepository, ch *amqp.Channel, exchange string, tr *tracker) unitOfWork {
+	return func(ctx context.Context) (string, time.Time, error) {
+		order, ev, err := newPaidOrder(time.Now())
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		if err := repo.Add(ctx, order, nil, nil); err != nil {
+			return "", time.Time{}, err
+		}
+		committedAt := time.Now()
+		if err := publishConfirmed(ctx, ch, exchange, ev); err != nil {
+			tr.publishErrors.Add(1)
+		}
+		return ev.ID, committedAt, nil
+	}
+}
+
+// publishConfirmed publishes ev as the relay would (same marshaler and
+// routing key) and waits for the broker's confirm.
+func publishConfirmed(ctx context.Context, ch *amqp.Channel, exchange string, ev domain.Event) error {
+	msg, err := outbox.Encode(ev)
+	if err != nil {
+		return err
+	}
+	pub, err := rabbitmq.Marshaler{}.Marshal(msg)
+	if err != nil {
+		return err
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, outbox.RoutingKey(ev.Type, ev.AggregateID), false, false, pub)
+	if err != nil {
+		return fmt.Errorf("publish event %s: %w", ev.ID, err)
+	}
+	ok, err := dc.WaitContext(ctx)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("publish event %s: broker refused it", ev.ID)
+	}
+	return nil
+}
+
+// flatOutResult is what writers running flat out did in their window.
+type flatOutResult struct {
+	// Committed counts commits that returned within the window.
+	Committed int64
+	Window    time.Duration
+	// Held is the share of the writers' time spent held back by hold.
+	Held float64
+}
+
+// Rate returns the commits per second.
+func (r flatOutResult) Rate() float64 { return float64(r.Committed) / r.Window.Seconds() }
+
+// flatOut runs one writer per unit, each committing as fast as it can for
+// window, and records every commit in tr when tr is not nil. When hold is not
+// nil and returns true, a writer waits instead of committing.
+func flatOut(ctx context.Context, units []unitOfWork, window time.Duration, tr *tracker, hold func() bool) (flatOutResult, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	deadline := start.Add(window)
+	var (
+		mu        sync.Mutex
+		committed int64
+		held      time.Duration
+		firstErr  error
+		wg        sync.WaitGroup
+	)
+	for _, unit := range units {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var n int64
+			var waited time.Duration
+			defer func() {
+				mu.Lock()
+				committed += n
+				held += waited
+				mu.Unlock()
+			}()
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				if hold != nil && hold() {
+					t := time.Now()
+					time.Sleep(time.Millisecond)
+					waited += time.Since(t)
+					continue
+				}
+				id, at, err := unit(ctx)
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil && !errors.Is(err, context.Canceled) {
+						firstErr = err
+					}
+					mu.Unlock()
+					cancel()
+					return
+				}
+				if tr != nil {
+					tr.commit(id, at)
+				}
+				if at.Before(deadline) {
+					n++
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return flatOutResult{}, firstErr
+	}
+	if err := ctx.Err(); err != nil && time.Now().Before(deadline) {
+		return flatOutResult{}, err
+	}
+	return flatOutResult{
+		Committed: committed,
+		Window:    window,
+		Held:      held.Seconds() / (window.Seconds() * float64(len(units))),
+	}, nil
+}
+
+// pacedResult is what writers did at a fixed offered load.
+type pacedResult struct {
+	// Measured are the events committed after the warm-up, whose latency
+	// counts.
+	Measured []string
+	// Achieved is the commit rate the writers reached.
+	Achieved float64
+}
+
+// paced offers rate commits per second for warmup+window, spread over the
+// writers of units, and records every commit in tr. A commit that cannot
+// start on time (all writers busy) starts late; Achieved shows it.
+func paced(ctx context.Context, units []unitOfWork, rate int, warmup, window time.Duration, tr *tracker) (pacedResult, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	total := warmup + window
+	tokens := make(chan struct{}, 8192)
+	start := time.Now()
+	go func() {
+		defer close(tokens)
+		for i := 0; ; i++ {
+			due := time.Duration(float64(i) * float64(time.Second) / float64(rate))
+			if due >= total {
+				return
+			}
+			if d := time.Until(start.Add(due)); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-ctx.Done():
+					return
+				}
+			}
+			select {
+			case tokens <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var (
+		mu       sync.Mutex
+		measured []string
+		count    int
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	measureFrom := start.Add(warmup)
+	for _, unit := range units {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range tokens {
+				id, at, err := unit(ctx)
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil && !errors.Is(err, context.Canceled) {
+						firstErr = err
+					}
+					mu.Unlock()
+					cancel()
+					return
+				}
+				tr.commit(id, at)
+				mu.Lock()
+				count++
+				if !at.Before(measureFrom) {
+					measured = append(measured, id)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return pacedResult{}, firstErr
+	}
+	if err := ctx.Err(); err != nil {
+		return pacedResult{}, err
+	}
+	return pacedResult{Measured: measured, Achieved: float64(count) / time.Since(start).Seconds()}, nil
+}

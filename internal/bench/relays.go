@@ -1,0 +1,188 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/adapters/relay"
+	"github.com/outboxmill/outboxmill/app"
+)
+
+// RelayWakeUp returns the function producers call after each commit that
+// wrote events, so that relay r forwards them at once instead of at its next
+// poll. It is the hook of the "wake-up" figures and of every pipeline
+// measurement of a relay kind. A relay that implements app.CommitListener
+// (the in-process signal OrderRepository sends after commit) is woken
+// through it; for any other relay the hook is a no-op. Replace it when a
+// relay offers its wake-up another way.
+var RelayWakeUp = func(r relay.Relay) func() {
+	if l, ok := r.(app.CommitListener); ok {
+		return l.EventsCommitted
+	}
+	return func() {}
+}
+
+// wakeListener adapts a wake-up function to app.CommitListener, the hook
+// OrderRepository calls after each commit that wrote events.
+type wakeListener func()
+
+// EventsCommitted implements app.CommitListener.
+func (f wakeListener) EventsCommitted() { f() }
+
+// variant is one pipeline measured: a baseline or a relay kind.
+type variant struct {
+	key, label, description string
+	// naive variants have no relay: producers publish themselves.
+	naive bool
+	// kind is the relay.New kind, or empty for a forwarder built here.
+	kind string
+	// build returns the variant's relay over the outbox in db, publishing
+	// to exchange. Nil for naive variants.
+	build func(db *sqlx.DB, exchange string) (relay.Relay, error)
+}
+
+// variants returns the pipelines cfg asks for: the baselines, then the
+// relay kinds.
+func variants(cfg Config) []variant {
+	var vs []variant
+	if cfg.hasBaseline(BaselineNaive) {
+		vs = append(vs, variant{
+			key:         BaselineNaive,
+			label:       "naive dual write",
+			description: "commit the order row, then publish the event with a confirm (own channel per writer); no outbox",
+			naive:       true,
+		})
+	}
+	if cfg.hasBaseline(BaselineStock) {
+		vs = append(vs, variant{
+			key:   BaselineStock,
+			label: "Watermill stock",
+			description: "Watermill forwarder with library defaults: watermill-sql subscriber (1 s poll, batches of 100), " +
+				"watermill-amqp publisher without confirms and without channel pool (a channel per publish)",
+			build: func(db *sqlx.DB, exchange string) (relay.Relay, error) {
+				pub := rabbitmq.PublisherConfig(cfg.AMQPURL, exchange)
+				pub.Publish.ConfirmDelivery = false
+				pub.Publish.ChannelPoolSize = 0
+				return newWatermillForwarder(db, wmsql.SubscriberConfig{
+					SchemaAdapter:  outbox.Schema(),
+					OffsetsAdapter: outbox.OffsetsAdapter(),
+				}, pub, cfg.Logger)
+			},
+		})
+	}
+	if cfg.hasBaseline(BaselineTuned) {
+		vs = append(vs, variant{
+			key:   BaselineTuned,
+			label: "Watermill tuned",
+			description: fmt.Sprintf("Watermill forwarder with the best safe settings found: publisher confirms on, "+
+				"channel pool of %d, %s poll, select batches of %d", cfg.TunedChannelPool, cfg.TunedPollInterval, cfg.TunedBatchSize),
+			build: func(db *sqlx.DB, exchange string) (relay.Relay, error) {
+				pub := rabbitmq.PublisherConfig(cfg.AMQPURL, exchange)
+				pub.Publish.ConfirmDelivery = true
+				pub.Publish.ChannelPoolSize = cfg.TunedChannelPool
+				return newWatermillForwarder(db, wmsql.SubscriberConfig{
+					PollInterval:   cfg.TunedPollInterval,
+					SchemaAdapter:  wmsql.DefaultPostgreSQLSchema{SubscribeBatchSize: cfg.TunedBatchSize},
+					OffsetsAdapter: outbox.OffsetsAdapter(),
+				}, pub, cfg.Logger)
+			},
+		})
+	}
+	for _, kind := range cfg.RelayKinds {
+		vs = append(vs, variant{
+			key:         "relay/" + kind,
+			label:       "relay " + kind,
+			description: fmt.Sprintf("relay.New(db, %q, cfg), poll interval %s, woken by RelayWakeUp after each commit", kind, pollText(cfg.RelayPollInterval)),
+			kind:        kind,
+			build: func(db *sqlx.DB, exchange string) (relay.Relay, error) {
+				return relay.New(db, kind, relay.Config{
+					Outbox:       outbox.DefaultConfig(),
+					AMQPURL:      cfg.AMQPURL,
+					Exchange:     exchange,
+					PollInterval: cfg.RelayPollInterval,
+					Logger:       cfg.Logger,
+				})
+			},
+		})
+	}
+	return vs
+}
+
+func pollText(d time.Duration) string {
+	if d == 0 {
+		return "the kind's default"
+	}
+	return d.String()
+}
+
+// watermillForwarder is Watermill's forwarder over watermill-sql's
+// subscriber and watermill-amqp's publisher, configured by the caller.
+type watermillForwarder struct {
+	fwd *forwarder.Forwarder
+	pub *wmamqp.Publisher
+	sub *wmsql.Subscriber
+}
+
+var _ relay.Relay = (*watermillForwarder)(nil)
+
+func newWatermillForwarder(db *sqlx.DB, subConfig wmsql.SubscriberConfig, pubConfig wmamqp.Config, logger *slog.Logger) (*watermillForwarder, error) {
+	wmLogger := watermill.NewSlogLogger(logger)
+	sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromStdSQL(db.DB), subConfig, wmLogger)
+	if err != nil {
+		return nil, fmt.Errorf("forwarder subscriber: %w", err)
+	}
+	pub, err := wmamqp.NewPublisher(pubConfig, wmLogger)
+	if err != nil {
+		_ = sub.Close()
+		return nil, fmt.Errorf("forwarder publisher: %w", err)
+	}
+	fwd, err := forwarder.NewForwarder(sub, pub, wmLogger, forwarder.Config{ForwarderTopic: outbox.DefaultConfig().Topic})
+	if err != nil {
+		_ = pub.Close()
+		_ = sub.Close()
+		return nil, fmt.Errorf("forwarder: %w", err)
+	}
+	return &watermillForwarder{fwd: fwd, pub: pub, sub: sub}, nil
+}
+
+// Run implements relay.Relay.
+func (f *watermillForwarder) Run(ctx context.Context) error { return f.fwd.Run(ctx) }
+
+// Close implements relay.Relay.
+func (f *watermillForwarder) Close() error {
+	return errors.Join(f.fwd.Close(), f.pub.Close(), f.sub.Close())
+}
+
+// runningRelay is a relay whose Run is in progress.
+type runningRelay struct {
+	r    relay.Relay
+	done chan error
+}
+
+func startRelay(ctx context.Context, r relay.Relay) *runningRelay {
+	rr := &runningRelay{r: r, done: make(chan error, 1)}
+	go func() { rr.done <- r.Run(context.WithoutCancel(ctx)) }()
+	return rr
+}
+
+// stop closes the relay and waits for Run to return.
+func (rr *runningRelay) stop() error {
+	err := rr.r.Close()
+	select {
+	case runErr := <-rr.done:
+		return errors.Join(err, runErr)
+	case <-time.After(30 * time.Second):
+		return errors.Join(err, errors.New("relay did not stop within 30 s of Close"))
+	}
+}

@@ -1,0 +1,386 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"time"
+)
+
+// Figure groups, in the order the table shows them.
+const (
+	GroupLimit   = "limits"
+	GroupDrain   = "drain"
+	GroupE2E     = "end to end"
+	GroupLatency = "latency"
+	GroupIdle    = "idle"
+	GroupWake    = "wake-up"
+)
+
+var groupOrder = []string{GroupLimit, GroupDrain, GroupE2E, GroupLatency, GroupIdle, GroupWake}
+
+// Report is the outcome of a run.
+type Report struct {
+	// Mode is the preset the run used ("full", "quick" or "custom").
+	Mode string `json:"mode"`
+	// RunID prefixes every database and broker object the run made.
+	RunID     string    `json:"run_id"`
+	StartedAt time.Time `json:"started_at"`
+	// Seconds is how long the run took.
+	Seconds float64 `json:"seconds"`
+	Machine Machine `json:"machine"`
+	// Settings are the sizes the run used.
+	Settings Settings `json:"settings"`
+	// Variants describes each variant measured, by key.
+	Variants []VariantInfo `json:"variants"`
+	Figures  []Figure      `json:"figures"`
+	// Latency holds the latency at each offered load, per variant, as the
+	// chart draws it.
+	Latency []LatencyPoint `json:"latency"`
+	// Integrity has one entry per variant whose events went end to end.
+	Integrity []Integrity `json:"integrity"`
+	// Notes are remarks on the run: skipped kinds or loads, caveats.
+	Notes []string `json:"notes"`
+	// OK is false when the pipeline lost or doubled an event.
+	OK bool `json:"ok"`
+}
+
+// Machine describes what the run ran on.
+type Machine struct {
+	CPUs        int    `json:"cpus"`
+	CPUModel    string `json:"cpu_model,omitempty"`
+	MemoryBytes int64  `json:"memory_bytes,omitempty"`
+	OS          string `json:"os"`
+	GoVersion   string `json:"go_version"`
+	PostgreSQL  string `json:"postgresql"`
+	RabbitMQ    string `json:"rabbitmq"`
+	// IdleCounter says what the idle figures count.
+	IdleCounter string `json:"idle_counter"`
+}
+
+// Settings are the sizes of a run that the figures depend on.
+type Settings struct {
+	Reps             int     `json:"reps"`
+	CommitWriters    []int   `json:"commit_writers"`
+	LimitWindowS     float64 `json:"limit_window_s"`
+	ConfirmWindow    int     `json:"confirm_window"`
+	ConsumePrefetch  int     `json:"consume_prefetch"`
+	ConsumeMessages  int     `json:"consume_messages"`
+	Backlog          int     `json:"backlog"`
+	DrainMaxS        float64 `json:"drain_max_s"`
+	Producers        int     `json:"producers"`
+	MaxInFlight      int     `json:"max_in_flight"`
+	E2EWindowS       float64 `json:"e2e_window_s"`
+	WarmupS          float64 `json:"warmup_s"`
+	Loads            []int   `json:"loads_per_s"`
+	CapacityShare    float64 `json:"capacity_share"`
+	LatencyWindowS   float64 `json:"latency_window_s"`
+	IdleWindowS      float64 `json:"idle_window_s"`
+	WakeWindowS      float64 `json:"wake_window_s"`
+	ConsumerPrefetch int     `json:"consumer_prefetch"`
+}
+
+func settingsOf(c Config) Settings {
+	return Settings{
+		Reps: c.Reps, CommitWriters: c.CommitWriters, LimitWindowS: c.LimitWindow.Seconds(),
+		ConfirmWindow: c.ConfirmWindow, ConsumePrefetch: c.ConsumePrefetch, ConsumeMessages: c.ConsumeMessages,
+		Backlog: c.Backlog, DrainMaxS: c.DrainMax.Seconds(), Producers: c.Producers, MaxInFlight: c.MaxInFlight,
+		E2EWindowS: c.E2EWindow.Seconds(), WarmupS: c.Warmup.Seconds(), Loads: c.Loads,
+		CapacityShare: c.CapacityShare, LatencyWindowS: c.LatencyWindow.Seconds(), IdleWindowS: c.IdleWindow.Seconds(),
+		WakeWindowS: c.WakeWindow.Seconds(), ConsumerPrefetch: c.ConsumerPrefetch,
+	}
+}
+
+// VariantInfo describes a measured pipeline.
+type VariantInfo struct {
+	Key         string `json:"key"`
+	Label       string `json:"label"`
+	Description string `json:"description"`
+	// Skipped, when not empty, says why the variant was not measured.
+	Skipped string `json:"skipped,omitempty"`
+}
+
+// Figure is one measured quantity: its samples, one per repetition, and
+// their min and median.
+type Figure struct {
+	Group string `json:"group"`
+	Name  string `json:"name"`
+	// Variant is the key of the pipeline measured; empty for limits.
+	Variant string `json:"variant,omitempty"`
+	// Load is the offered load (events/s) of a latency figure.
+	Load    int       `json:"offered_per_s,omitempty"`
+	Unit    string    `json:"unit"`
+	Samples []float64 `json:"samples"`
+	Min     float64   `json:"min"`
+	Median  float64   `json:"median"`
+	// Ratios compare the median with the median of another figure.
+	Ratios []Ratio `json:"ratios,omitempty"`
+	Note   string  `json:"note,omitempty"`
+}
+
+// Ratio is a figure's median divided by the median of a reference figure.
+type Ratio struct {
+	// Kind is "limit" (a limit of the machine or another reference of the
+	// same run) or "stock" (Watermill's forwarder with library defaults).
+	Kind string `json:"kind"`
+	// Against names the reference.
+	Against string  `json:"against"`
+	Value   float64 `json:"value"`
+}
+
+// LatencyPoint is the latency of one variant at one offered load.
+type LatencyPoint struct {
+	Variant string `json:"variant"`
+	Load    int    `json:"offered_per_s"`
+	// Achieved is the median rate the producers reached.
+	Achieved float64 `json:"achieved_per_s"`
+	// P50, P99 and Max are medians over the repetitions, in milliseconds.
+	P50 float64 `json:"p50_ms"`
+	P99 float64 `json:"p99_ms"`
+	Max float64 `json:"max_ms"`
+}
+
+// Integrity is what a variant's consumer did with what its producers
+// committed.
+type Integrity struct {
+	Variant   string `json:"variant"`
+	Committed int    `json:"committed"`
+	Handled   int    `json:"handled"`
+	// Lost counts committed events never handled.
+	Lost int `json:"lost"`
+	// Doubled counts events with more than one business effect.
+	Doubled int `json:"doubled"`
+	// Ghosts counts business effects of events never committed.
+	Ghosts int `json:"ghosts"`
+	// Redelivered counts deliveries skipped by dedup (no second effect).
+	Redelivered int `json:"redelivered"`
+	// Examples lists a few event ids that were lost, doubled or ghosts.
+	Examples []string `json:"examples,omitempty"`
+}
+
+// OK reports whether nothing was lost, doubled or made up.
+func (i Integrity) OK() bool { return i.Lost == 0 && i.Doubled == 0 && i.Ghosts == 0 }
+
+func newFigure(group, name, variant, unit string, samples []float64) Figure {
+	mn, md := summary(samples)
+	return Figure{Group: group, Name: name, Variant: variant, Unit: unit, Samples: samples, Min: mn, Median: md}
+}
+
+// find returns the figure of group, name and variant.
+func (r *Report) find(group, name, variant string) (Figure, bool) {
+	return r.findLoad(group, name, variant, 0)
+}
+
+// findLoad returns the figure of group, name, variant and offered load.
+func (r *Report) findLoad(group, name, variant string, load int) (Figure, bool) {
+	for _, f := range r.Figures {
+		if f.Group == group && f.Name == name && f.Variant == variant && f.Load == load {
+			return f, true
+		}
+	}
+	return Figure{}, false
+}
+
+// addRatio adds a ratio to f against ref when both medians are usable.
+func addRatio(f *Figure, kind, against string, ref Figure, ok bool) {
+	if !ok || ref.Median == 0 || math.IsNaN(ref.Median) || math.IsNaN(f.Median) {
+		return
+	}
+	f.Ratios = append(f.Ratios, Ratio{Kind: kind, Against: against, Value: f.Median / ref.Median})
+}
+
+// label returns the label of the variant key.
+func (r *Report) label(key string) string {
+	for _, v := range r.Variants {
+		if v.Key == key {
+			return v.Label
+		}
+	}
+	return key
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// tableRow is one row of the rendered table.
+type tableRow struct {
+	group, figure, variant, median, min, unit, vsLimit, vsStock string
+}
+
+func (r *Report) rows() []tableRow {
+	var rows []tableRow
+	for _, g := range groupOrder {
+		if g == GroupLatency {
+			rows = append(rows, r.latencyRows()...)
+			continue
+		}
+		for _, f := range r.Figures {
+			if f.Group != g {
+				continue
+			}
+			row := tableRow{
+				group:   g,
+				figure:  f.Name,
+				variant: r.label(f.Variant),
+				median:  formatValue(f.Median, f.Unit),
+				min:     formatValue(f.Min, f.Unit),
+				unit:    f.Unit,
+			}
+			if f.Variant == "" {
+				row.variant = "-"
+			}
+			var lim, stock []string
+			for _, ra := range f.Ratios {
+				if ra.Kind == "stock" {
+					stock = append(stock, fmt.Sprintf("%.2fx", ra.Value))
+				} else {
+					lim = append(lim, fmt.Sprintf("%.2fx %s", ra.Value, ra.Against))
+				}
+			}
+			if f.Note != "" {
+				lim = append(lim, f.Note)
+			}
+			row.vsLimit = strings.Join(lim, "; ")
+			row.vsStock = strings.Join(stock, "; ")
+			rows = append(rows, row)
+		}
+	}
+	return rows
+}
+
+// latencyRows renders the latency figures one row per variant and load:
+// p50 / p99 / max.
+func (r *Report) latencyRows() []tableRow {
+	var rows []tableRow
+	for _, v := range r.Variants {
+		for _, f := range r.Figures {
+			if f.Group != GroupLatency || f.Variant != v.Key || f.Name != figP50 {
+				continue
+			}
+			p99, _ := r.findLoad(GroupLatency, figP99, v.Key, f.Load)
+			mx, _ := r.findLoad(GroupLatency, figMax, v.Key, f.Load)
+			ach, _ := r.findLoad(GroupLatency, figAchieved, v.Key, f.Load)
+			row := tableRow{
+				group:   GroupLatency,
+				figure:  fmt.Sprintf("p50 / p99 / max at %d/s", f.Load),
+				variant: v.Label,
+				median:  formatValue(f.Median, "ms") + " / " + formatValue(p99.Median, "ms") + " / " + formatValue(mx.Median, "ms"),
+				min:     formatValue(f.Min, "ms") + " / " + formatValue(p99.Min, "ms") + " / " + formatValue(mx.Min, "ms"),
+				unit:    "ms",
+				vsLimit: fmt.Sprintf("achieved %.0f/s", ach.Median),
+			}
+			var stock []string
+			for _, fig := range []Figure{f, p99} {
+				for _, ra := range fig.Ratios {
+					if ra.Kind == "stock" {
+						stock = append(stock, fmt.Sprintf("%s %.3fx", fig.Name, ra.Value))
+					}
+				}
+			}
+			row.vsStock = strings.Join(stock, "; ")
+			rows = append(rows, row)
+		}
+	}
+	return rows
+}
+
+// WriteTable writes the figures as an aligned text table.
+func (r *Report) WriteTable(w io.Writer) error {
+	header := tableRow{"group", "figure", "variant", "median", "min", "unit", "vs limit / note", "vs stock"}
+	rows := append([]tableRow{header}, r.rows()...)
+	width := make([]int, 8)
+	for _, row := range rows {
+		for i, c := range row.cells() {
+			if n := len([]rune(c)); n > width[i] {
+				width[i] = n
+			}
+		}
+	}
+	var b strings.Builder
+	for i, row := range rows {
+		cells := row.cells()
+		for j, c := range cells {
+			pad := width[j] - len([]rune(c))
+			if j == 3 || j == 4 {
+				b.WriteString(strings.Repeat(" ", pad) + c)
+			} else {
+				b.WriteString(c + strings.Repeat(" ", pad))
+			}
+			if j < len(cells)-1 {
+				b.WriteString("  ")
+			}
+		}
+		b.WriteString("\n")
+		if i == 0 {
+			total := 0
+			for _, n := range width {
+				total += n + 2
+			}
+			b.WriteString(strings.Repeat("-", total-2) + "\n")
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteMarkdown writes the figures as a Markdown table.
+func (r *Report) WriteMarkdown(w io.Writer) error {
+	var b strings.Builder
+	b.WriteString("| group | figure | variant | median | min | unit | vs limit / note | vs stock |\n")
+	b.WriteString("|---|---|---|--:|--:|---|---|---|\n")
+	for _, row := range r.rows() {
+		cells := row.cells()
+		for i := range cells {
+			cells[i] = strings.ReplaceAll(cells[i], "|", "\\|")
+		}
+		b.WriteString("| " + strings.Join(cells, " | ") + " |\n")
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func (t tableRow) cells() []string {
+	return []string{t.group, t.figure, t.variant, t.median, t.min, t.unit, t.vsLimit, t.vsStock}
+}
+
+// formatValue renders v for a table cell.
+func formatValue(v float64, unit string) string {
+	switch {
+	case math.IsNaN(v):
+		return "n/a"
+	case unit == "ms" && v < 10:
+		return fmt.Sprintf("%.2f", v)
+	case unit == "ms" && v < 100:
+		return fmt.Sprintf("%.1f", v)
+	case v >= 10000:
+		return fmt.Sprintf("%.1fk", v/1000)
+	case v >= 1000:
+		return fmt.Sprintf("%.2fk", v/1000)
+	case v < 10:
+		return fmt.Sprintf("%.2f", v)
+	default:
+		return fmt.Sprintf("%.0f", v)
+	}
+}
+
+// WriteMachine writes the machine description as one paragraph.
+func (r *Report) WriteMachine(w io.Writer) error {
+	m := r.Machine
+	mem := "unknown memory"
+	if m.MemoryBytes > 0 {
+		mem = fmt.Sprintf("%.1f GiB memory", float64(m.MemoryBytes)/(1<<30))
+	}
+	cpu := ""
+	if m.CPUModel != "" {
+		cpu = " (" + m.CPUModel + ")"
+	}
+	_, err := fmt.Fprintf(w, "%d CPUs%s, %s, %s, %s; PostgreSQL %s; RabbitMQ %s. Idle load counted as %s.\n",
+		m.CPUs, cpu, mem, m.OS, m.GoVersion, m.PostgreSQL, m.RabbitMQ, m.IdleCounter)
+	return err
+}

@@ -1,0 +1,213 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxmill/outboxmill/internal/stack"
+)
+
+// runner carries one run.
+type runner struct {
+	*env
+	report *Report
+	// skipped holds, by variant key, why a variant could not be measured.
+	skipped map[string]string
+}
+
+// Run measures everything cfg asks for and returns the report. It returns
+// an error when the run could not be carried out (a server unreachable, a
+// database error); lost or doubled events do not make an error but a report
+// whose OK is false.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("bench config: %w", err)
+	}
+	r := &runner{
+		env: &env{
+			cfg:     cfg,
+			servers: stack.Env{AdminDatabaseURL: cfg.AdminDatabaseURL, AMQPURL: cfg.AMQPURL},
+			runID:   stack.UniqueName("bench"),
+			cleanup: &cleanups{},
+		},
+		skipped: map[string]string{},
+	}
+	r.report = &Report{Mode: cfg.Mode, RunID: r.runID, StartedAt: time.Now().UTC(), Settings: settingsOf(cfg), OK: true}
+	err := r.run(ctx)
+	cleanCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if cerr := r.cleanup.run(cleanCtx); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("clean up the run's databases and broker objects: %w", cerr))
+	}
+	r.report.Seconds = time.Since(r.report.StartedAt).Seconds()
+	if err != nil {
+		return r.report, err
+	}
+	return r.report, nil
+}
+
+func (r *runner) run(ctx context.Context) error {
+	m, err := r.describeMachine(ctx)
+	if err != nil {
+		return err
+	}
+	m.IdleCounter = "pg_stat_database xact_commit+xact_rollback of the pipeline's databases (transactions/s)"
+	r.report.Machine = m
+	r.progress("run %s (%s) on %d CPUs, PostgreSQL %s, RabbitMQ %s", r.runID, r.cfg.Mode, m.CPUs, m.PostgreSQL, m.RabbitMQ)
+	if note, err := r.statementsNote(ctx); err != nil {
+		return err
+	} else if note != "" {
+		r.report.Notes = append(r.report.Notes, note)
+	}
+
+	vs := variants(r.cfg)
+	for _, v := range vs {
+		r.report.Variants = append(r.report.Variants, VariantInfo{Key: v.key, Label: v.label, Description: v.description})
+	}
+
+	if r.cfg.Limits {
+		if err := r.measureLimits(ctx); err != nil {
+			return fmt.Errorf("limits: %w", err)
+		}
+	}
+	if err := r.measureDrains(ctx, vs); err != nil {
+		return fmt.Errorf("drain: %w", err)
+	}
+	for _, v := range vs {
+		if _, ok := r.skipped[v.key]; ok {
+			continue
+		}
+		if err := r.measurePipeline(ctx, v); err != nil {
+			return fmt.Errorf("%s: %w", v.label, err)
+		}
+	}
+	if err := r.measureWake(ctx, vs); err != nil {
+		return fmt.Errorf("wake-up: %w", err)
+	}
+	for i, v := range r.report.Variants {
+		r.report.Variants[i].Skipped = r.skipped[v.Key]
+	}
+	r.finish()
+	return nil
+}
+
+// poolSize is the size of the pool the writers of every measurement share.
+func (r *runner) poolSize() int {
+	n := r.cfg.Producers
+	for _, w := range r.cfg.CommitWriters {
+		n = max(n, w)
+	}
+	return n
+}
+
+// skip marks v as not measurable, with a note saying why.
+func (r *runner) skip(v variant, err error) {
+	reason := fmt.Sprintf("not measured: %v", err)
+	if v.kind != "" {
+		reason = fmt.Sprintf("relay.New refused kind %q (%v); not measured. Once the kind exists the same run measures it", v.kind, err)
+	}
+	r.skipped[v.key] = reason
+	r.report.Notes = append(r.report.Notes, v.label+": "+reason)
+	r.progress("skip   %s: %s", v.label, reason)
+}
+
+// statementsNote says whether pg_stat_statements could have counted
+// statements instead of transactions.
+func (r *runner) statementsNote(ctx context.Context) (string, error) {
+	conn, err := pgx.Connect(ctx, r.servers.AdminDatabaseURL)
+	if err != nil {
+		return "", fmt.Errorf("connect as admin: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var libs string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('shared_preload_libraries')`).Scan(&libs); err != nil {
+		return "", fmt.Errorf("read shared_preload_libraries: %w", err)
+	}
+	if strings.Contains(libs, "pg_stat_statements") {
+		return "pg_stat_statements is loaded on this server, but the idle figures count transactions from pg_stat_database so that runs compare across servers", nil
+	}
+	return "idle load is counted in transactions (pg_stat_database), not statements: pg_stat_statements is not in shared_preload_libraries on this server; an idle poll is one transaction with one SELECT", nil
+}
+
+// finish adds the ratios, the latency curves and the verdict.
+func (r *runner) finish() {
+	rep := r.report
+	commitRef := func(writers int) (Figure, bool) {
+		if f, ok := rep.find(GroupLimit, figCommit(writers), ""); ok {
+			return f, true
+		}
+		// The nearest measured writer count below.
+		var best Figure
+		found := false
+		for _, w := range r.cfg.CommitWriters {
+			if w <= writers {
+				if f, ok := rep.find(GroupLimit, figCommit(w), ""); ok {
+					best, found = f, true
+				}
+			}
+		}
+		return best, found
+	}
+	windowName := fmt.Sprintf("%s %d", figPublishWindow, r.cfg.ConfirmWindow)
+	for i := range rep.Figures {
+		f := &rep.Figures[i]
+		switch f.Group {
+		case GroupLimit:
+			if strings.HasPrefix(f.Name, "commit") && f.Name != figCommit(1) {
+				ref, ok := rep.find(GroupLimit, figCommit(1), "")
+				addRatio(f, "limit", "1 writer", ref, ok)
+			}
+			if f.Name == windowName {
+				ref, ok := rep.find(GroupLimit, figPublishEach, "")
+				addRatio(f, "limit", "confirm each", ref, ok)
+			}
+		case GroupDrain:
+			ref, ok := rep.find(GroupLimit, windowName, "")
+			addRatio(f, "limit", "publish window", ref, ok)
+		case GroupE2E:
+			if f.Name == figE2E {
+				ref, ok := commitRef(r.cfg.Producers)
+				addRatio(f, "limit", "commit rate", ref, ok)
+			}
+		case GroupWake:
+			if f.Name == figWakeOff {
+				ref, ok := commitRef(r.cfg.Producers)
+				addRatio(f, "limit", "commit, no relay", ref, ok)
+			} else {
+				ref, ok := rep.find(GroupWake, figWakeOff, f.Variant)
+				addRatio(f, "limit", "no wake-up", ref, ok)
+			}
+		}
+		if f.Variant != BaselineStock && f.Variant != "" && f.Group != GroupWake {
+			ref, ok := rep.findLoad(f.Group, f.Name, BaselineStock, f.Load)
+			addRatio(f, "stock", "stock", ref, ok)
+		}
+	}
+
+	for _, v := range rep.Variants {
+		for _, load := range r.cfg.Loads {
+			p50, ok := rep.findLoad(GroupLatency, figP50, v.Key, load)
+			if !ok {
+				continue
+			}
+			p99, _ := rep.findLoad(GroupLatency, figP99, v.Key, load)
+			mx, _ := rep.findLoad(GroupLatency, figMax, v.Key, load)
+			ach, _ := rep.findLoad(GroupLatency, figAchieved, v.Key, load)
+			rep.Latency = append(rep.Latency, LatencyPoint{
+				Variant: v.Key, Load: load, Achieved: ach.Median,
+				P50: p50.Median, P99: p99.Median, Max: mx.Median,
+			})
+		}
+	}
+	for _, in := range rep.Integrity {
+		if !in.OK() {
+			rep.OK = false
+		}
+	}
+}

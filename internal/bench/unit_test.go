@@ -1,0 +1,274 @@
+package bench
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/internal/stack"
+)
+
+func TestSummary(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		samples          []float64
+		wantMin, wantMed float64
+	}{
+		{"two samples", []float64{3, 1}, 1, 2},
+		{"three samples", []float64{5, 1, 3}, 1, 3},
+		{"four samples", []float64{4, 1, 3, 2}, 1, 2.5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mn, md := summary(tc.samples)
+			if mn != tc.wantMin || md != tc.wantMed {
+				t.Errorf("summary(%v) = %g, %g; want %g, %g", tc.samples, mn, md, tc.wantMin, tc.wantMed)
+			}
+		})
+	}
+	t.Run("no samples", func(t *testing.T) {
+		if mn, md := summary(nil); !math.IsNaN(mn) || !math.IsNaN(md) {
+			t.Errorf("summary(nil) = %g, %g; want NaN, NaN", mn, md)
+		}
+	})
+}
+
+func TestPercentile(t *testing.T) {
+	var d []time.Duration
+	for i := 1; i <= 100; i++ {
+		d = append(d, time.Duration(i)*time.Millisecond)
+	}
+	for _, tc := range []struct {
+		p    float64
+		want time.Duration
+	}{{50, 50 * time.Millisecond}, {99, 99 * time.Millisecond}, {100, 100 * time.Millisecond}, {0.1, time.Millisecond}} {
+		if got := percentile(d, tc.p); got != tc.want {
+			t.Errorf("percentile(1..100 ms, %g) = %s, want %s", tc.p, got, tc.want)
+		}
+	}
+}
+
+func TestSlope(t *testing.T) {
+	xs := []float64{0, 1, 2, 3}
+	if got := slope(xs, []float64{5, 7, 9, 11}); math.Abs(got-2) > 1e-9 {
+		t.Errorf("slope of a line with slope 2 = %g", got)
+	}
+	// A staircase rising 10 a second, as pg_stat_database counts rise.
+	if got := slope([]float64{0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5}, []float64{0, 0, 10, 10, 20, 20, 30, 30}); math.Abs(got-10) > 1 {
+		t.Errorf("slope of a staircase rising 10/s = %g", got)
+	}
+	if got := slope([]float64{1}, []float64{1}); got != 0 {
+		t.Errorf("slope of one point = %g, want 0", got)
+	}
+}
+
+func TestRunner_finish(t *testing.T) {
+	cfg := QuickConfig("postgres://x", "amqp://x")
+	cfg.CommitWriters = []int{1, 16}
+	r := &runner{env: &env{cfg: cfg}, report: &Report{OK: true}, skipped: map[string]string{}}
+	for _, v := range variants(cfg) {
+		r.report.Variants = append(r.report.Variants, VariantInfo{Key: v.key, Label: v.label})
+	}
+	fig := func(group, name, variant string, load int, median float64) {
+		f := newFigure(group, name, variant, "x", []float64{median, median})
+		f.Load = load
+		r.report.Figures = append(r.report.Figures, f)
+	}
+	fig(GroupLimit, figCommit(1), "", 0, 1000)
+	fig(GroupLimit, figCommit(16), "", 0, 4000)
+	fig(GroupLimit, figPublishEach, "", 0, 2000)
+	fig(GroupLimit, figPublishWindow+" 256", "", 0, 20000)
+	fig(GroupDrain, figDrain(100), BaselineStock, 0, 1000)
+	fig(GroupDrain, figDrain(100), "relay/outboxmill", 0, 15000)
+	fig(GroupE2E, figE2E, BaselineStock, 0, 500)
+	fig(GroupE2E, figE2E, "relay/outboxmill", 0, 2000)
+	for _, v := range []string{BaselineStock, "relay/outboxmill"} {
+		scale := map[string]float64{BaselineStock: 100, "relay/outboxmill": 1}[v]
+		fig(GroupLatency, figP50, v, 200, 5*scale)
+		fig(GroupLatency, figP99, v, 200, 9*scale)
+		fig(GroupLatency, figMax, v, 200, 10*scale)
+		fig(GroupLatency, figAchieved, v, 200, 199)
+	}
+	fig(GroupLatency, figP50, "relay/outboxmill", 1000, 6)
+	fig(GroupIdle, figIdle, BaselineStock, 0, 1)
+	fig(GroupIdle, figIdle, "relay/outboxmill", 0, 2)
+	fig(GroupWake, figWakeOff, "relay/outboxmill", 0, 3000)
+	fig(GroupWake, figWakeOn, "relay/outboxmill", 0, 2700)
+	r.report.Integrity = []Integrity{{Variant: "relay/outboxmill", Committed: 3, Handled: 3}}
+
+	r.finish()
+
+	ratio := func(group, name, variant string, load int, kind string) float64 {
+		t.Helper()
+		f, ok := r.report.findLoad(group, name, variant, load)
+		if !ok {
+			t.Fatalf("no figure %s %s %s %d", group, name, variant, load)
+		}
+		for _, ra := range f.Ratios {
+			if ra.Kind == kind {
+				return ra.Value
+			}
+		}
+		return math.NaN()
+	}
+	for _, tc := range []struct {
+		name                string
+		group, fig, variant string
+		load                int
+		kind                string
+		want                float64
+	}{
+		{"commit 16 writers against 1", GroupLimit, figCommit(16), "", 0, "limit", 4},
+		{"confirm window against confirm each", GroupLimit, figPublishWindow + " 256", "", 0, "limit", 10},
+		{"drain against the publish limit", GroupDrain, figDrain(100), "relay/outboxmill", 0, "limit", 0.75},
+		{"drain against stock", GroupDrain, figDrain(100), "relay/outboxmill", 0, "stock", 15},
+		{"end to end against the commit rate of 16 writers", GroupE2E, figE2E, "relay/outboxmill", 0, "limit", 0.5},
+		{"end to end against stock", GroupE2E, figE2E, "relay/outboxmill", 0, "stock", 4},
+		{"p50 against stock at the same load", GroupLatency, figP50, "relay/outboxmill", 200, "stock", 0.01},
+		{"idle against stock", GroupIdle, figIdle, "relay/outboxmill", 0, "stock", 2},
+		{"no wake-up against the commit limit", GroupWake, figWakeOff, "relay/outboxmill", 0, "limit", 0.75},
+		{"wake-up against no wake-up", GroupWake, figWakeOn, "relay/outboxmill", 0, "limit", 0.9},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := ratio(tc.group, tc.fig, tc.variant, tc.load, tc.kind); math.Abs(got-tc.want) > 1e-9 {
+				t.Errorf("ratio = %g, want %g", got, tc.want)
+			}
+		})
+	}
+	t.Run("no ratio where stock was not measured", func(t *testing.T) {
+		if got := ratio(GroupLatency, figP50, "relay/outboxmill", 1000, "stock"); !math.IsNaN(got) {
+			t.Errorf("ratio against a stock figure that does not exist = %g", got)
+		}
+	})
+	t.Run("stock has no ratio against itself", func(t *testing.T) {
+		if got := ratio(GroupE2E, figE2E, BaselineStock, 0, "stock"); !math.IsNaN(got) {
+			t.Errorf("stock against stock = %g", got)
+		}
+	})
+	t.Run("latency curves", func(t *testing.T) {
+		if len(r.report.Latency) != 3 {
+			t.Fatalf("latency points = %+v, want stock at 200 and outboxmill at 200 and 1000", r.report.Latency)
+		}
+	})
+	t.Run("verdict", func(t *testing.T) {
+		if !r.report.OK {
+			t.Error("report not OK with nothing lost")
+		}
+		r.report.Integrity = append(r.report.Integrity, Integrity{Variant: BaselineStock, Committed: 3, Handled: 2, Lost: 1})
+		r.finish()
+		if r.report.OK {
+			t.Error("report OK with an event lost")
+		}
+	})
+}
+
+func TestConfig_Validate(t *testing.T) {
+	ok := QuickConfig("postgres://x", "amqp://x")
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("quick config: %v", err)
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(*Config)
+		want   string
+	}{
+		{"one repetition", func(c *Config) { c.Reps = 1 }, "reps must be at least 2"},
+		{"loads not increasing", func(c *Config) { c.Loads = []int{500, 200} }, "loads must be positive and increasing"},
+		{"unknown baseline", func(c *Config) { c.Baselines = []string{"fast"} }, `unknown baseline "fast"`},
+		{"kind twice", func(c *Config) { c.RelayKinds = []string{"watermill", "watermill"} }, "given twice"},
+		{"no backlog", func(c *Config) { c.Backlog = 0 }, "backlog must be at least 1"},
+		{"no drain time", func(c *Config) { c.DrainMax = 0 }, "drain max must be positive"},
+		{"no broker", func(c *Config) { c.AMQPURL = "" }, "empty AMQP URL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ok
+			tc.change(&c)
+			err := c.Validate()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Validate() = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestFormatValue(t *testing.T) {
+	for _, tc := range []struct {
+		v    float64
+		unit string
+		want string
+	}{
+		{13512, "events/s", "13.5k"},
+		{1912, "events/s", "1.91k"},
+		{523, "events/s", "523"},
+		{1.234, "ms", "1.23"},
+		{52.34, "ms", "52.3"},
+		{999.4, "ms", "999"},
+		{math.NaN(), "ms", "n/a"},
+	} {
+		if got := formatValue(tc.v, tc.unit); got != tc.want {
+			t.Errorf("formatValue(%g, %s) = %q, want %q", tc.v, tc.unit, got, tc.want)
+		}
+	}
+}
+
+// TestCheckIntegrity shows that the check the whole bench relies on finds
+// lost, doubled and made-up events in a real settlement database.
+func TestCheckIntegrity(t *testing.T) {
+	servers := stack.EnvFromEnvironment()
+	ctx := context.Background()
+	name := stack.UniqueName("bench_integrity_")
+	if err := servers.CreateDatabase(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := servers.DropDatabase(context.Background(), name); err != nil {
+			t.Errorf("drop %s: %v", name, err)
+		}
+	})
+	db, err := postgres.Open(ctx, servers.DatabaseURL(name), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := postgres.Migrate(ctx, db, "settlement", postgres.SettlementMigrations()); err != nil {
+		t.Fatal(err)
+	}
+	settle := func(t *testing.T, eventID string) {
+		t.Helper()
+		for _, e := range mustEntries() {
+			if _, err := db.ExecContext(ctx, `
+				INSERT INTO settlement_entries (order_id, event_id, kind, amount, currency, occurred_at)
+				VALUES ($1, $2, $3, $4, 'EUR', now())`, "order-"+eventID, eventID, e.Kind, e.Amount); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	tr := newTracker()
+	now := time.Now()
+	for _, id := range []string{"ok", "lost", "doubled"} {
+		tr.commit(id, now)
+	}
+	settle(t, "ok")
+	settle(t, "doubled")
+	settle(t, "doubled")
+	settle(t, "ghost")
+	tr.handle("ok", now)
+	tr.handle("doubled", now)
+
+	in, err := checkIntegrity(ctx, db, "v", tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Committed != 3 || in.Handled != 2 || in.Lost != 1 || in.Doubled != 1 || in.Ghosts != 1 || in.OK() {
+		t.Errorf("checkIntegrity = %+v; want committed 3, handled 2, lost 1, doubled 1, ghosts 1, not OK", in)
+	}
+	got := strings.Join(in.Examples, ",")
+	for _, w := range []string{"lost lost", "doubled doubled", "ghost ghost"} {
+		if !strings.Contains(got, w) {
+			t.Errorf("examples %q miss %q", got, w)
+		}
+	}
+}

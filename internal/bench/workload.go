@@ -1,0 +1,216 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/domain"
+)
+
+// Every measurement works on the same unit of work: an order placed and
+// paid in memory, stored as one business row (the order, status paid) with
+// one outbox row (its OrderPaid event) in one transaction. OrderPaid is the
+// event the settlement handler consumes.
+const (
+	orderAmount   = 1250
+	orderCurrency = "EUR"
+	orderCustomer = "bench-customer"
+)
+
+// newPaidOrder returns a paid order and the OrderPaid event it raised.
+func newPaidOrder(now time.Time) (*domain.Order, domain.Event, error) {
+	order, _, err := domain.PlaceOrder(domain.NewEventID(), orderCustomer, orderAmount, orderCurrency, now)
+	if err != nil {
+		return nil, domain.Event{}, fmt.Errorf("place bench order: %w", err)
+	}
+	events, err := order.Pay(orderAmount, now)
+	if err != nil {
+		return nil, domain.Event{}, fmt.Errorf("pay bench order: %w", err)
+	}
+	return order, events[0], nil
+}
+
+// capture is a Watermill publisher that keeps what is published to it.
+type capture struct {
+	msgs []*message.Message
+}
+
+func (c *capture) Publish(_ string, msgs ...*message.Message) error {
+	c.msgs = append(c.msgs, msgs...)
+	return nil
+}
+
+func (c *capture) Close() error { return nil }
+
+// outboxRow is an outbox row as outbox.Writer stores it: the event encoded
+// by outbox.Encode, wrapped in Watermill's forwarder envelope.
+type outboxRow struct {
+	uuid     string
+	payload  string
+	metadata string
+}
+
+// newOutboxRow encodes ev as the outbox row outbox.Writer would insert.
+func newOutboxRow(ev domain.Event) (outboxRow, error) {
+	msg, err := outbox.Encode(ev)
+	if err != nil {
+		return outboxRow{}, err
+	}
+	var c capture
+	enveloped := forwarder.NewPublisher(&c, forwarder.PublisherConfig{ForwarderTopic: outbox.DefaultConfig().Topic})
+	if err := enveloped.Publish(outbox.RoutingKey(ev.Type, ev.AggregateID), msg); err != nil {
+		return outboxRow{}, fmt.Errorf("envelope event %s: %w", ev.ID, err)
+	}
+	wrapped := c.msgs[0]
+	meta, err := json.Marshal(wrapped.Metadata)
+	if err != nil {
+		return outboxRow{}, fmt.Errorf("encode metadata of event %s: %w", ev.ID, err)
+	}
+	return outboxRow{uuid: wrapped.UUID, payload: string(wrapped.Payload), metadata: string(meta)}, nil
+}
+
+// fillBacklog inserts n valid enveloped OrderPaid events into the outbox of
+// the database at url, in transactions of up to 2000 rows, exactly as
+// watermill-sql's publisher would (transaction_id = pg_current_xact_id()).
+// It returns the event ids in outbox order.
+func fillBacklog(ctx context.Context, url string, n int) ([]string, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("connect to backlog database: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	insert := `INSERT INTO ` + outbox.DefaultConfig().Table() + ` (uuid, payload, metadata, transaction_id)
+		SELECT u, p::json, m::json, pg_current_xact_id()
+		FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS t(u, p, m, i) ORDER BY i`
+	const batch = 2000
+	var eventIDs []string
+	now := time.Now()
+	for done := 0; done < n; {
+		size := min(batch, n-done)
+		uuids, payloads, metas := make([]string, size), make([]string, size), make([]string, size)
+		for i := range size {
+			_, ev, err := newPaidOrder(now)
+			if err != nil {
+				return nil, err
+			}
+			row, err := newOutboxRow(ev)
+			if err != nil {
+				return nil, err
+			}
+			uuids[i], payloads[i], metas[i] = row.uuid, row.payload, row.metadata
+			eventIDs = append(eventIDs, ev.ID)
+		}
+		if _, err := conn.Exec(ctx, insert, uuids, payloads, metas); err != nil {
+			return nil, fmt.Errorf("fill outbox backlog: %w", err)
+		}
+		done += size
+	}
+	return eventIDs, nil
+}
+
+// tracker records, per event, when its transaction commit returned to the
+// producer and when the consumer's handler finished with it. Producer and
+// consumer run in this process, so both times come from one clock.
+type tracker struct {
+	mu          sync.Mutex
+	committed   map[string]time.Time
+	handled     map[string]time.Time
+	redelivered int
+	nCommitted  atomic.Int64
+	nHandled    atomic.Int64
+	// publishErrors counts naive dual writes whose publish failed after the
+	// commit: events lost by construction.
+	publishErrors atomic.Int64
+}
+
+func newTracker() *tracker {
+	return &tracker{committed: map[string]time.Time{}, handled: map[string]time.Time{}}
+}
+
+// commit records that eventID's transaction committed at.
+func (t *tracker) commit(eventID string, at time.Time) {
+	t.mu.Lock()
+	t.committed[eventID] = at
+	t.mu.Unlock()
+	t.nCommitted.Add(1)
+}
+
+// handle records that the handler finished with eventID at; only the first
+// time counts.
+func (t *tracker) handle(eventID string, at time.Time) {
+	t.mu.Lock()
+	_, seen := t.handled[eventID]
+	if !seen {
+		t.handled[eventID] = at
+	}
+	t.mu.Unlock()
+	if !seen {
+		t.nHandled.Add(1)
+	}
+}
+
+func (t *tracker) duplicate() {
+	t.mu.Lock()
+	t.redelivered++
+	t.mu.Unlock()
+}
+
+// inFlight returns the events committed and not yet handled.
+func (t *tracker) inFlight() int64 { return t.nCommitted.Load() - t.nHandled.Load() }
+
+// latencies returns commit-to-handled times of ids, sorted by the caller;
+// ids not handled are left out.
+func (t *tracker) latencies(ids []string) []time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]time.Duration, 0, len(ids))
+	for _, id := range ids {
+		h, ok := t.handled[id]
+		if !ok {
+			continue
+		}
+		d := h.Sub(t.committed[id])
+		if d < 0 {
+			// The handler finished before the producer took the time after
+			// its commit returned: the delay is below the clock's reach.
+			d = 0
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// waitHandled waits until every committed event was handled, or until no
+// event was handled for stall, or ctx ends. It returns how many committed
+// events are not handled.
+func (t *tracker) waitHandled(ctx context.Context, stall time.Duration) (int64, error) {
+	last := t.nHandled.Load()
+	lastChange := time.Now()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		h := t.nHandled.Load()
+		if h >= t.nCommitted.Load() {
+			return 0, nil
+		}
+		if h != last {
+			last, lastChange = h, time.Now()
+		} else if time.Since(lastChange) > stall {
+			return t.nCommitted.Load() - h, nil
+		}
+		select {
+		case <-ctx.Done():
+			return t.nCommitted.Load() - h, ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
