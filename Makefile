@@ -2,7 +2,7 @@
 # (they work where make is not installed). Pass extra arguments with ARGS, for
 # example: make demo ARGS="-orders 10000".
 
-.PHONY: demo test chaos build clean
+.PHONY: demo test chaos build clean bench bench-quick
 
 demo:
 	./scripts/demo.sh $(ARGS)
@@ -17,6 +17,14 @@ chaos:
 
 build:
 	./scripts/build.sh
+
+# The benchmark (about ten minutes; see the README's Benchmark section).
+bench:
+	./scripts/bench.sh $(ARGS)
+
+# The quick benchmark (under two minutes).
+bench-quick:
+	./scripts/bench.sh -quick $(ARGS)
 
 clean:
 	rm -rf bin

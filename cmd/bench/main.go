@@ -32,15 +32,19 @@ func main() {
 
 func run(args []string) int {
 	servers := stack.EnvFromEnvironment()
+	full, short := bench.FullConfig("", ""), bench.QuickConfig("", "")
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	quick := fs.Bool("quick", false, "quick run (under two minutes): smaller backlog, shorter windows, fewer loads")
 	out := fs.String("out", "bench-out", "directory the report is written to")
 	kinds := fs.String("relay-kinds", "watermill,outboxmill", "relay.New kinds measured as Outboxmill's pipeline (comma-separated); a kind the build does not know is skipped with a note")
 	baselines := fs.String("baselines", "naive,stock,tuned", "baselines measured (comma-separated subset of naive, stock, tuned, or none)")
 	reps := fs.Int("reps", 2, "repetitions of each figure (at least 2)")
-	loads := fs.String("loads", "", "offered loads of the latency figures, events/s, comma-separated (default: 200,500,1000,2000; quick: 200,1000)")
-	backlog := fs.Int("backlog", 0, "events pre-filled for the drain rate (default: 100000; quick: 20000)")
+	loads := fs.String("loads", "", fmt.Sprintf("offered loads of the latency figures, events/s, comma-separated (default %s; quick %s)", joinInts(full.Loads), joinInts(short.Loads)))
+	backlog := fs.Int("backlog", 0, fmt.Sprintf("events pre-filled for the drain rate (default %d; quick %d)", full.Backlog, short.Backlog))
 	relayPoll := fs.Duration("relay-poll", 0, "poll interval given to relay.New (0: each kind's default)")
+	tunedPoll := fs.Duration("tuned-poll", full.TunedPollInterval, "poll interval of the tuned Watermill forwarder")
+	tunedBatch := fs.Int("tuned-batch", full.TunedBatchSize, "select batch size of the tuned Watermill forwarder")
+	tunedPool := fs.Int("tuned-pool", full.TunedChannelPool, "AMQP channel pool size of the tuned Watermill forwarder")
 	adminURL := fs.String("database-url", servers.AdminDatabaseURL, "PostgreSQL URL of a user that may create databases (env OUTBOXMILL_ADMIN_DATABASE_URL)")
 	amqpURL := fs.String("amqp-url", servers.AMQPURL, "RabbitMQ URL (env AMQP_URL)")
 	logLevel := fs.String("log-level", "info", "level of the components' log, written to OUT/bench.log (debug, info, warn, error)")
@@ -60,6 +64,9 @@ func run(args []string) int {
 	}
 	cfg.Reps = *reps
 	cfg.RelayPollInterval = *relayPoll
+	cfg.TunedPollInterval = *tunedPoll
+	cfg.TunedBatchSize = *tunedBatch
+	cfg.TunedChannelPool = *tunedPool
 	if *backlog != 0 {
 		cfg.Backlog = *backlog
 	}
@@ -152,6 +159,14 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, n := range v {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
 }
 
 func writeOutputs(dir string, report *bench.Report) error {

@@ -137,9 +137,9 @@ func FullConfig(adminDatabaseURL, amqpURL string) Config {
 		ConfirmWindow:     256,
 		ConsumePrefetch:   256,
 		Backlog:           100000,
-		DrainMax:          25 * time.Second,
+		DrainMax:          15 * time.Second,
 		Producers:         16,
-		MaxInFlight:       4000,
+		MaxInFlight:       2000,
 		E2EWindow:         8 * time.Second,
 		Warmup:            time.Second,
 		Loads:             []int{200, 500, 1000, 2000},
@@ -160,16 +160,16 @@ func FullConfig(adminDatabaseURL, amqpURL string) Config {
 func QuickConfig(adminDatabaseURL, amqpURL string) Config {
 	c := FullConfig(adminDatabaseURL, amqpURL)
 	c.Mode = "quick"
-	c.LimitWindow = time.Second
-	c.ConsumeMessages = 8000
+	c.LimitWindow = 800 * time.Millisecond
+	c.ConsumeMessages = 5000
 	c.Backlog = 20000
-	c.DrainMax = 5 * time.Second
-	c.MaxInFlight = 2000
-	c.E2EWindow = 2 * time.Second
-	c.Warmup = 500 * time.Millisecond
+	c.DrainMax = 3 * time.Second
+	c.MaxInFlight = 1000
+	c.E2EWindow = 1500 * time.Millisecond
+	c.Warmup = 300 * time.Millisecond
 	c.Loads = []int{200, 1000}
-	c.LatencyWindow = 2 * time.Second
-	c.IdleWindow = 3 * time.Second
+	c.LatencyWindow = 1500 * time.Millisecond
+	c.IdleWindow = 2 * time.Second
 	c.WakeWindow = time.Second
 	return c
 }
