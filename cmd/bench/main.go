@@ -12,6 +12,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -107,6 +108,14 @@ func run(args []string) int {
 	ctx, cancel := cli.SignalContext()
 	defer cancel()
 	report, err := bench.Run(ctx, cfg)
+	if err != nil && ctx.Err() != nil {
+		if errors.Is(err, bench.ErrCleanup) {
+			fmt.Fprintf(os.Stderr, "bench: interrupted; %v\n", err)
+		} else {
+			fmt.Fprintln(os.Stderr, "bench: interrupted; the run's databases and broker objects were removed")
+		}
+		return 2
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
 		if report == nil || len(report.Figures) == 0 {

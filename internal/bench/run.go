@@ -12,6 +12,10 @@ import (
 	"github.com/outboxmill/outboxmill/internal/stack"
 )
 
+// ErrCleanup is wrapped by the error of a run that could not remove all of
+// its databases and broker objects; the error names them.
+var ErrCleanup = errors.New("clean up the run's databases and broker objects")
+
 // runner carries one run.
 type runner struct {
 	*env
@@ -43,7 +47,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cleanCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	if cerr := r.cleanup.run(cleanCtx); cerr != nil {
-		err = errors.Join(err, fmt.Errorf("clean up the run's databases and broker objects: %w", cerr))
+		err = errors.Join(err, fmt.Errorf("%w: %w", ErrCleanup, cerr))
 	}
 	r.report.Seconds = time.Since(r.report.StartedAt).Seconds()
 	if err != nil {
