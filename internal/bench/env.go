@@ -291,6 +291,24 @@ func queueDepth(ch *amqp.Channel, queue string) (int, error) {
 	return q.Messages, nil
 }
 
+// loadAverage returns the one-minute load average, or 0 where the system
+// does not tell.
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) == 0 {
+		return 0
+	}
+	v, err := strconv.ParseFloat(fields[0], 64)
+	if err != nil {
+		return 0
+	}
+	return v
+}
+
 // describeMachine reads the machine, PostgreSQL and RabbitMQ versions.
 func (e *env) describeMachine(ctx context.Context) (Machine, error) {
 	m := Machine{
@@ -321,6 +339,7 @@ func (e *env) describeMachine(ctx context.Context) (Machine, error) {
 		}
 		f.Close()
 	}
+	m.LoadBefore = loadAverage()
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		m.OS += " (Linux " + strings.TrimSpace(string(b)) + ")"
 	}

@@ -342,6 +342,7 @@ func (r *runner) measurePipeline(ctx context.Context, v variant) error {
 func (r *runner) measureE2E(ctx context.Context, p *pipeline) (float64, error) {
 	hold := func() bool { return p.tr.inFlight() >= int64(r.cfg.MaxInFlight) }
 	var samples, commits, held []float64
+	var horizon horizonStats
 	for rep := 0; rep < r.cfg.Reps; rep++ {
 		type result struct {
 			res flatOutResult
@@ -355,11 +356,18 @@ func (r *runner) measureE2E(ctx context.Context, p *pipeline) (float64, error) {
 		if err := sleep(ctx, r.cfg.Warmup); err != nil {
 			return 0, err
 		}
+		watch := r.watchHorizon(ctx, p.work.orders.name, p.work.settle.name)
 		h0, t0 := p.tr.nHandled.Load(), time.Now()
 		if err := sleep(ctx, r.cfg.E2EWindow); err != nil {
+			_, _ = watch.stop()
 			return 0, err
 		}
 		h1, t1 := p.tr.nHandled.Load(), time.Now()
+		hs, err := watch.stop()
+		if err != nil {
+			return 0, err
+		}
+		horizon = worseHorizon(horizon, hs)
 		res := <-done
 		if res.err != nil {
 			return 0, res.err
@@ -374,8 +382,8 @@ func (r *runner) measureE2E(ctx context.Context, p *pipeline) (float64, error) {
 		if err != nil {
 			return 0, err
 		}
-		r.progress("e2e    %-24s rep %d: %.0f handled/s (producers %.0f/s, held back %.0f%%; %d in flight at the end, caught up in %.1f s)",
-			p.v.label, rep+1, rate, res.res.Rate(), 100*res.res.Held, backlog, time.Since(drainStart).Seconds())
+		r.progress("e2e    %-24s rep %d: %.0f handled/s (producers %.0f/s, held back %.0f%%; %d in flight at the end, caught up in %.1f s; %s)",
+			p.v.label, rep+1, rate, res.res.Rate(), 100*res.res.Held, backlog, time.Since(drainStart).Seconds(), hs)
 		if lost > 0 {
 			r.progress("e2e    %-24s %d events not handled after %s without progress", p.v.label, lost, r.cfg.StallTimeout)
 		}
@@ -384,6 +392,9 @@ func (r *runner) measureE2E(ctx context.Context, p *pipeline) (float64, error) {
 	_, commitMedian := summary(commits)
 	_, heldMedian := summary(held)
 	f.Note = fmt.Sprintf("producers %.0f/s, held back %.0f%% (%d in flight max)", commitMedian, 100*heldMedian, r.cfg.MaxInFlight)
+	if !p.v.naive {
+		f.setHorizon(horizon)
+	}
 	r.report.Figures = append(r.report.Figures, f)
 	return f.Median, nil
 }
@@ -400,11 +411,18 @@ func (r *runner) measureLatency(ctx context.Context, p *pipeline, capacity float
 			continue
 		}
 		var p50, p99, mx, achieved []float64
+		var horizon horizonStats
 		for rep := 0; rep < r.cfg.Reps; rep++ {
+			watch := r.watchHorizon(ctx, p.work.orders.name, p.work.settle.name)
 			res, err := paced(ctx, p.units, load, r.cfg.Warmup, r.cfg.LatencyWindow, p.tr)
+			hs, werr := watch.stop()
 			if err != nil {
 				return err
 			}
+			if werr != nil {
+				return werr
+			}
+			horizon = worseHorizon(horizon, hs)
 			lost, err := p.tr.waitHandled(ctx, r.cfg.StallTimeout)
 			if err != nil {
 				return err
@@ -418,8 +436,8 @@ func (r *runner) measureLatency(ctx context.Context, p *pipeline, capacity float
 			p99 = append(p99, ms(percentile(lat, 99)))
 			mx = append(mx, ms(lat[len(lat)-1]))
 			achieved = append(achieved, res.Achieved)
-			r.progress("lat    %-24s rep %d at %d/s (achieved %.0f/s): p50 %.1f ms, p99 %.1f ms, max %.1f ms over %d events",
-				p.v.label, rep+1, load, res.Achieved, p50[rep], p99[rep], mx[rep], len(lat))
+			r.progress("lat    %-24s rep %d at %d/s (achieved %.0f/s): p50 %.1f ms, p99 %.1f ms, max %.1f ms over %d events; %s",
+				p.v.label, rep+1, load, res.Achieved, p50[rep], p99[rep], mx[rep], len(lat), hs)
 			if lost > 0 {
 				r.progress("lat    %-24s %d events not handled after %s without progress", p.v.label, lost, r.cfg.StallTimeout)
 			}
@@ -430,6 +448,9 @@ func (r *runner) measureLatency(ctx context.Context, p *pipeline, capacity float
 		}{{figP50, "ms", p50}, {figP99, "ms", p99}, {figMax, "ms", mx}, {figAchieved, "events/s", achieved}} {
 			fig := newFigure(GroupLatency, f.name, p.v.key, f.unit, f.samples)
 			fig.Load = load
+			if !p.v.naive {
+				fig.setHorizon(horizon)
+			}
 			r.report.Figures = append(r.report.Figures, fig)
 		}
 	}
@@ -589,6 +610,11 @@ func (r *runner) wakeOnce(ctx context.Context, v variant, wake bool) (float64, e
 		return 0, err
 	}
 	return res.Rate(), nil
+}
+
+// worseHorizon returns the larger share and the older age of a and b.
+func worseHorizon(a, b horizonStats) horizonStats {
+	return horizonStats{Held: max(a.Held, b.Held), MaxAge: max(a.MaxAge, b.MaxAge)}
 }
 
 // sleep waits for d or until ctx ends.

@@ -58,6 +58,10 @@ type Machine struct {
 	RabbitMQ    string `json:"rabbitmq"`
 	// IdleCounter says what the idle figures count.
 	IdleCounter string `json:"idle_counter"`
+	// LoadBefore and LoadAfter are the one-minute load averages when the
+	// run started and ended: other work on a shared machine shows here.
+	LoadBefore float64 `json:"load_before"`
+	LoadAfter  float64 `json:"load_after"`
 }
 
 // Settings are the sizes of a run that the figures depend on.
@@ -118,6 +122,28 @@ type Figure struct {
 	// Ratios compare the median with the median of another figure.
 	Ratios []Ratio `json:"ratios,omitempty"`
 	Note   string  `json:"note,omitempty"`
+	// HorizonHeld is, for end-to-end and latency figures, the share of the
+	// measurement during which a transaction of another database older than
+	// 50 ms held the server's xmin horizon back (which delays every relay
+	// that keeps watermill-sql's visibility rule), and HorizonMaxSeconds
+	// the age of the oldest such transaction.
+	HorizonHeld       float64 `json:"horizon_held_share,omitempty"`
+	HorizonMaxSeconds float64 `json:"horizon_max_s,omitempty"`
+}
+
+// setHorizon records what a horizon watch saw during the figure's
+// measurement.
+func (f *Figure) setHorizon(s horizonStats) {
+	f.HorizonHeld, f.HorizonMaxSeconds = s.Held, s.MaxAge.Seconds()
+}
+
+// horizonNote renders the horizon of f for a table cell, or "" when other
+// sessions did not hold it back.
+func (f Figure) horizonNote() string {
+	if f.HorizonHeld == 0 {
+		return ""
+	}
+	return fmt.Sprintf("xmin held by others %.0f%% (max %.1f s)", 100*f.HorizonHeld, f.HorizonMaxSeconds)
 }
 
 // Ratio is a figure's median divided by the median of a reference figure.
@@ -246,6 +272,9 @@ func (r *Report) rows() []tableRow {
 			if f.Note != "" {
 				lim = append(lim, f.Note)
 			}
+			if h := f.horizonNote(); h != "" {
+				lim = append(lim, h)
+			}
 			row.vsLimit = strings.Join(lim, "; ")
 			row.vsStock = strings.Join(stock, "; ")
 			rows = append(rows, row)
@@ -274,6 +303,9 @@ func (r *Report) latencyRows() []tableRow {
 				min:     formatValue(f.Min, "ms") + " / " + formatValue(p99.Min, "ms") + " / " + formatValue(mx.Min, "ms"),
 				unit:    "ms",
 				vsLimit: fmt.Sprintf("achieved %.0f/s", ach.Median),
+			}
+			if h := f.horizonNote(); h != "" {
+				row.vsLimit += "; " + h
 			}
 			var stock []string
 			for _, fig := range []Figure{f, p99} {
@@ -380,7 +412,7 @@ func (r *Report) WriteMachine(w io.Writer) error {
 	if m.CPUModel != "" {
 		cpu = " (" + m.CPUModel + ")"
 	}
-	_, err := fmt.Fprintf(w, "%d CPUs%s, %s, %s, %s; PostgreSQL %s; RabbitMQ %s. Idle load counted as %s.\n",
-		m.CPUs, cpu, mem, m.OS, m.GoVersion, m.PostgreSQL, m.RabbitMQ, m.IdleCounter)
+	_, err := fmt.Fprintf(w, "%d CPUs%s, %s, %s, %s; PostgreSQL %s; RabbitMQ %s; load average %.1f at the start, %.1f at the end.\n",
+		m.CPUs, cpu, mem, m.OS, m.GoVersion, m.PostgreSQL, m.RabbitMQ, m.LoadBefore, m.LoadAfter)
 	return err
 }

@@ -50,6 +50,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		err = errors.Join(err, fmt.Errorf("%w: %w", ErrCleanup, cerr))
 	}
 	r.report.Seconds = time.Since(r.report.StartedAt).Seconds()
+	r.report.Machine.LoadAfter = loadAverage()
 	if err != nil {
 		return r.report, err
 	}
@@ -63,7 +64,7 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	m.IdleCounter = "pg_stat_database xact_commit+xact_rollback of the pipeline's databases (transactions/s)"
 	r.report.Machine = m
-	r.progress("run %s (%s) on %d CPUs, PostgreSQL %s, RabbitMQ %s", r.runID, r.cfg.Mode, m.CPUs, m.PostgreSQL, m.RabbitMQ)
+	r.progress("run %s (%s) on %d CPUs, PostgreSQL %s, RabbitMQ %s, load average %.1f", r.runID, r.cfg.Mode, m.CPUs, m.PostgreSQL, m.RabbitMQ, m.LoadBefore)
 	if note, err := r.statementsNote(ctx); err != nil {
 		return err
 	} else if note != "" {
