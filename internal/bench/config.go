@@ -163,8 +163,8 @@ func QuickConfig(adminDatabaseURL, amqpURL string) Config {
 	c.LimitWindow = 800 * time.Millisecond
 	c.ConsumeMessages = 5000
 	c.Backlog = 20000
-	c.DrainMax = 3 * time.Second
-	c.MaxInFlight = 1000
+	c.DrainMax = 2500 * time.Millisecond
+	c.MaxInFlight = 500
 	c.E2EWindow = 1500 * time.Millisecond
 	c.Warmup = 300 * time.Millisecond
 	c.Loads = []int{200, 1000}

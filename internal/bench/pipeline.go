@@ -92,7 +92,7 @@ func (r *runner) measureDrains(ctx context.Context, vs []variant) error {
 			status := "drained"
 			if res.enqueued < r.cfg.Backlog {
 				status = fmt.Sprintf("stopped after %.0f s at %d of %d", res.elapsed.Seconds(), res.enqueued, r.cfg.Backlog)
-				partial[v.key] = fmt.Sprintf("capped at %s: rate over the first %d of %d events", r.cfg.DrainMax, res.enqueued, r.cfg.Backlog)
+				partial[v.key] = fmt.Sprintf("capped: first %d of %d in %s", res.enqueued, r.cfg.Backlog, r.cfg.DrainMax)
 			} else if res.final > r.cfg.Backlog {
 				status = fmt.Sprintf("drained, %d published twice", res.final-r.cfg.Backlog)
 			}
@@ -391,7 +391,7 @@ func (r *runner) measureE2E(ctx context.Context, p *pipeline) (float64, error) {
 	f := newFigure(GroupE2E, figE2E, p.v.key, "events/s", samples)
 	_, commitMedian := summary(commits)
 	_, heldMedian := summary(held)
-	f.Note = fmt.Sprintf("producers %.0f/s, held back %.0f%% (%d in flight max)", commitMedian, 100*heldMedian, r.cfg.MaxInFlight)
+	f.Note = fmt.Sprintf("producers %.0f/s, held back %.0f%%", commitMedian, 100*heldMedian)
 	if !p.v.naive {
 		f.setHorizon(horizon)
 	}

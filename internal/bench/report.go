@@ -143,7 +143,7 @@ func (f Figure) horizonNote() string {
 	if f.HorizonHeld == 0 {
 		return ""
 	}
-	return fmt.Sprintf("xmin held by others %.0f%% (max %.1f s)", 100*f.HorizonHeld, f.HorizonMaxSeconds)
+	return fmt.Sprintf("xmin held %.0f%%, max %.1f s", 100*f.HorizonHeld, f.HorizonMaxSeconds)
 }
 
 // Ratio is a figure's median divided by the median of a reference figure.
