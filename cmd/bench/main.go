@@ -12,6 +12,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -50,6 +51,7 @@ func run(args []string) int {
 	amqpURL := fs.String("amqp-url", servers.AMQPURL, "RabbitMQ URL (env AMQP_URL)")
 	logLevel := fs.String("log-level", "info", "level of the components' log, written to OUT/bench.log (debug, info, warn, error)")
 	readme := fs.String("readme", "", "when set, replace the benchmark results between the bench markers of this README with this run's")
+	render := fs.String("render", "", "render the report in this bench.json again (table, chart, -readme) instead of running")
 	if ok, code := cli.Parse(fs, args); !ok {
 		return code
 	}
@@ -105,6 +107,10 @@ func run(args []string) int {
 	cfg.Logger = slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: level}))
 	cfg.Progress = os.Stderr
 
+	if *render != "" {
+		return renderAgain(*render, *out, *readme)
+	}
+
 	ctx, cancel := cli.SignalContext()
 	defer cancel()
 	report, err := bench.Run(ctx, cfg)
@@ -156,6 +162,34 @@ func run(args []string) int {
 	}
 	if err != nil {
 		return 2
+	}
+	return 0
+}
+
+// renderAgain writes the outputs of the report saved in path, and updates
+// readme when it is not empty.
+func renderAgain(path, out, readme string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		return 2
+	}
+	var report bench.Report
+	if err := json.Unmarshal(b, &report); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %s is not a bench report: %v\n", path, err)
+		return 2
+	}
+	if err := writeOutputs(out, &report); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		return 2
+	}
+	_ = report.WriteTable(os.Stdout)
+	if readme != "" {
+		if err := updateReadme(readme, &report); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+			return 2
+		}
+		fmt.Printf("updated the benchmark results in %s\n", readme)
 	}
 	return 0
 }
