@@ -59,6 +59,9 @@ type Config struct {
 	ConfirmWindow int
 	// ConsumePrefetch is the prefetch of the consume-rate limit.
 	ConsumePrefetch int
+	// SettleMessages is how many events the settlement consumer's limit
+	// handles.
+	SettleMessages int
 
 	// Backlog is the number of events pre-filled in the outbox for the drain
 	// rate.
@@ -136,6 +139,7 @@ func FullConfig(adminDatabaseURL, amqpURL string) Config {
 		ConsumeMessages:   30000,
 		ConfirmWindow:     256,
 		ConsumePrefetch:   256,
+		SettleMessages:    5000,
 		Backlog:           100000,
 		DrainMax:          15 * time.Second,
 		Producers:         16,
@@ -162,6 +166,7 @@ func QuickConfig(adminDatabaseURL, amqpURL string) Config {
 	c.Mode = "quick"
 	c.LimitWindow = 800 * time.Millisecond
 	c.ConsumeMessages = 5000
+	c.SettleMessages = 1500
 	c.Backlog = 20000
 	c.DrainMax = 2500 * time.Millisecond
 	c.MaxInFlight = 500
@@ -234,7 +239,8 @@ func (c Config) Validate() error {
 		value int
 	}{
 		{"consume messages", c.ConsumeMessages}, {"confirm window", c.ConfirmWindow},
-		{"consume prefetch", c.ConsumePrefetch}, {"backlog", c.Backlog}, {"producers", c.Producers},
+		{"consume prefetch", c.ConsumePrefetch}, {"settle messages", c.SettleMessages},
+		{"backlog", c.Backlog}, {"producers", c.Producers},
 		{"max in flight", c.MaxInFlight}, {"consumer prefetch", c.ConsumerPrefetch},
 		{"tuned batch size", c.TunedBatchSize}, {"tuned channel pool", c.TunedChannelPool},
 	} {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -12,6 +13,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/services"
 )
 
 // Names of the limit figures, which ratios refer to.
@@ -19,6 +21,7 @@ const (
 	figPublishEach   = "publish, confirm each"
 	figPublishWindow = "publish, confirm window"
 	figConsume       = "consume, manual ack each"
+	figSettle        = "consume+settle, 8 lanes, dedup tx"
 )
 
 func figCommit(writers int) string {
@@ -28,13 +31,61 @@ func figCommit(writers int) string {
 	return fmt.Sprintf("commit order+outbox, %d writers", writers)
 }
 
-// measureLimits measures the commit rate of the business+outbox
-// transaction and RabbitMQ's publish and consume rates.
-func (r *runner) measureLimits(ctx context.Context) error {
-	if err := r.measureCommitLimits(ctx); err != nil {
-		return err
+// limitSamples collects the samples of the limit figures over the run.
+type limitSamples struct {
+	order   []string
+	samples map[string][]float64
+	notes   map[string]string
+}
+
+func (l *limitSamples) add(name string, v float64) {
+	if l.samples == nil {
+		l.samples = map[string][]float64{}
 	}
-	return r.measureBrokerLimits(ctx)
+	if _, ok := l.samples[name]; !ok {
+		l.order = append(l.order, name)
+	}
+	l.samples[name] = append(l.samples[name], v)
+}
+
+func (l *limitSamples) note(name, note string) {
+	if l.notes == nil {
+		l.notes = map[string]string{}
+	}
+	l.notes[name] = note
+}
+
+// measureLimits measures reps repetitions of the limits: the commit rate of
+// the business+outbox transaction, RabbitMQ's publish and consume rates and
+// the settlement consumer's rate. The run calls it at its start and at its
+// end, with half the repetitions each, so that the limits see the same
+// machine as the figures measured in between.
+func (r *runner) measureLimits(ctx context.Context, reps int) error {
+	for rep := 0; rep < reps; rep++ {
+		if err := r.measureCommitLimits(ctx); err != nil {
+			return err
+		}
+		if err := r.measureBrokerLimits(ctx); err != nil {
+			return err
+		}
+		if err := r.measureSettleLimit(ctx); err != nil {
+			return fmt.Errorf("%s: %w", figSettle, err)
+		}
+	}
+	return nil
+}
+
+// limitFigures turns the limit samples into figures.
+func (r *runner) limitFigures() {
+	for _, name := range r.limits.order {
+		unit := "msgs/s"
+		if name == figSettle || strings.HasPrefix(name, "commit") {
+			unit = "events/s"
+		}
+		f := newFigure(GroupLimit, name, "", unit, r.limits.samples[name])
+		f.Note = r.limits.notes[name]
+		r.report.Figures = append(r.report.Figures, f)
+	}
 }
 
 func (r *runner) measureCommitLimits(ctx context.Context) error {
@@ -50,25 +101,17 @@ func (r *runner) measureCommitLimits(ctx context.Context) error {
 		return err
 	}
 	repo := postgres.NewOrderRepository(w.ordersDB, writer, nil)
-	samples := map[int][]float64{}
-	// Repetitions go round the writer counts, so that a slow moment of the
-	// shared machine does not fall on one count only.
-	for rep := 0; rep < r.cfg.Reps; rep++ {
-		for _, w := range r.cfg.CommitWriters {
-			units := make([]unitOfWork, w)
-			for i := range units {
-				units[i] = outboxUnit(repo)
-			}
-			res, err := flatOut(ctx, units, r.cfg.LimitWindow, nil, nil)
-			if err != nil {
-				return fmt.Errorf("commit rate with %d writers: %w", w, err)
-			}
-			samples[w] = append(samples[w], res.Rate())
-			r.progress("limit  %-40s rep %d: %.0f/s", figCommit(w), rep+1, res.Rate())
-		}
-	}
 	for _, w := range r.cfg.CommitWriters {
-		r.report.Figures = append(r.report.Figures, newFigure(GroupLimit, figCommit(w), "", "events/s", samples[w]))
+		units := make([]unitOfWork, w)
+		for i := range units {
+			units[i] = outboxUnit(repo)
+		}
+		res, err := flatOut(ctx, units, r.cfg.LimitWindow, nil, nil)
+		if err != nil {
+			return fmt.Errorf("commit rate with %d writers: %w", w, err)
+		}
+		r.limits.add(figCommit(w), res.Rate())
+		r.progress("limit  %-40s %.0f/s", figCommit(w), res.Rate())
 	}
 	return nil
 }
@@ -105,45 +148,123 @@ func (r *runner) measureBrokerLimits(ctx context.Context) error {
 	}
 	queue := objs.queue("sink")
 	windowName := fmt.Sprintf("%s %d", figPublishWindow, r.cfg.ConfirmWindow)
-	var each, window, consume []float64
-	for rep := 0; rep < r.cfg.Reps; rep++ {
-		rate, err := publishRate(ctx, conn, objs.exchange, key, pub, 1, r.cfg.LimitWindow)
-		if err != nil {
-			return fmt.Errorf("%s: %w", figPublishEach, err)
-		}
-		each = append(each, rate)
-		r.progress("limit  %-40s rep %d: %.0f/s", figPublishEach, rep+1, rate)
-		if err := purge(conn, queue); err != nil {
-			return err
-		}
 
-		rate, err = publishRate(ctx, conn, objs.exchange, key, pub, r.cfg.ConfirmWindow, r.cfg.LimitWindow)
-		if err != nil {
-			return fmt.Errorf("%s: %w", windowName, err)
-		}
-		window = append(window, rate)
-		r.progress("limit  %-40s rep %d: %.0f/s", windowName, rep+1, rate)
-		if err := purge(conn, queue); err != nil {
-			return err
-		}
-
-		if err := publishN(ctx, conn, objs.exchange, key, pub, r.cfg.ConfirmWindow, r.cfg.ConsumeMessages); err != nil {
-			return fmt.Errorf("fill queue to consume: %w", err)
-		}
-		rate, err = consumeRate(ctx, conn, queue, r.cfg.ConsumePrefetch, r.cfg.ConsumeMessages)
-		if err != nil {
-			return fmt.Errorf("%s: %w", figConsume, err)
-		}
-		consume = append(consume, rate)
-		r.progress("limit  %-40s rep %d: %.0f/s", figConsume, rep+1, rate)
+	rate, err := publishRate(ctx, conn, objs.exchange, key, pub, 1, r.cfg.LimitWindow)
+	if err != nil {
+		return fmt.Errorf("%s: %w", figPublishEach, err)
 	}
-	r.report.Figures = append(r.report.Figures,
-		newFigure(GroupLimit, figPublishEach, "", "msgs/s", each),
-		newFigure(GroupLimit, windowName, "", "msgs/s", window),
-	)
-	f := newFigure(GroupLimit, figConsume, "", "msgs/s", consume)
-	f.Note = fmt.Sprintf("prefetch %d, %d msgs", r.cfg.ConsumePrefetch, r.cfg.ConsumeMessages)
-	r.report.Figures = append(r.report.Figures, f)
+	r.limits.add(figPublishEach, rate)
+	r.progress("limit  %-40s %.0f/s", figPublishEach, rate)
+	if err := purge(conn, queue); err != nil {
+		return err
+	}
+
+	rate, err = publishRate(ctx, conn, objs.exchange, key, pub, r.cfg.ConfirmWindow, r.cfg.LimitWindow)
+	if err != nil {
+		return fmt.Errorf("%s: %w", windowName, err)
+	}
+	r.limits.add(windowName, rate)
+	r.progress("limit  %-40s %.0f/s", windowName, rate)
+	if err := purge(conn, queue); err != nil {
+		return err
+	}
+
+	if err := publishN(ctx, conn, objs.exchange, key, pub, r.cfg.ConfirmWindow, r.cfg.ConsumeMessages); err != nil {
+		return fmt.Errorf("fill queue to consume: %w", err)
+	}
+	rate, err = consumeRate(ctx, conn, queue, r.cfg.ConsumePrefetch, r.cfg.ConsumeMessages)
+	if err != nil {
+		return fmt.Errorf("%s: %w", figConsume, err)
+	}
+	r.limits.add(figConsume, rate)
+	r.limits.note(figConsume, fmt.Sprintf("prefetch %d, %d msgs", r.cfg.ConsumePrefetch, r.cfg.ConsumeMessages))
+	r.progress("limit  %-40s %.0f/s", figConsume, rate)
+	return nil
+}
+
+// measureSettleLimit fills the settlement lane queues with SettleMessages
+// OrderPaid events, then starts the settlement-style consumer and measures
+// the events it handles per second: the consumer's side of the end-to-end
+// limit.
+func (r *runner) measureSettleLimit(ctx context.Context) error {
+	w, err := r.workspace(ctx, r.poolSize())
+	if err != nil {
+		return err
+	}
+	if err := w.reset(ctx); err != nil {
+		return err
+	}
+	names := services.Names{Namespace: r.namespace("settle")}
+	_, remove, err := r.declareTopology(ctx, services.Topology(names, rabbitmq.QueueClassic))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = remove(context.WithoutCancel(ctx)) }()
+	conn, err := rabbitmq.Dial(ctx, r.servers.AMQPURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		return err
+	}
+	tr := newTracker()
+	pending := make([]*amqp.DeferredConfirmation, 0, r.cfg.ConfirmWindow)
+	for i := 0; i < r.cfg.SettleMessages || len(pending) > 0; {
+		if i < r.cfg.SettleMessages && len(pending) < r.cfg.ConfirmWindow {
+			_, ev, err := newPaidOrder(time.Now())
+			if err != nil {
+				return err
+			}
+			msg, err := outbox.Encode(ev)
+			if err != nil {
+				return err
+			}
+			pub, err := rabbitmq.Marshaler{}.Marshal(msg)
+			if err != nil {
+				return err
+			}
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, names.Exchange(), outbox.RoutingKey(ev.Type, ev.AggregateID), false, false, pub)
+			if err != nil {
+				return err
+			}
+			tr.commit(ev.ID, time.Now())
+			pending = append(pending, dc)
+			i++
+			continue
+		}
+		if ok, err := pending[0].WaitContext(ctx); err != nil {
+			return err
+		} else if !ok {
+			return errors.New("broker refused a publish")
+		}
+		pending = pending[1:]
+	}
+	start := time.Now()
+	cons, err := startConsumer(ctx, w.settleDB, r.servers.AMQPURL, names, r.cfg.ConsumerPrefetch, tr, r.cfg.Logger)
+	if err != nil {
+		return err
+	}
+	lost, err := tr.waitHandled(ctx, r.cfg.StallTimeout)
+	elapsed := time.Since(start)
+	if cerr := cons.close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if lost > 0 {
+		return fmt.Errorf("%d of %d events not handled", lost, r.cfg.SettleMessages)
+	}
+	rate := float64(r.cfg.SettleMessages) / elapsed.Seconds()
+	r.limits.add(figSettle, rate)
+	r.limits.note(figSettle, fmt.Sprintf("prefetch %d per lane, %d events", r.cfg.ConsumerPrefetch, r.cfg.SettleMessages))
+	r.progress("limit  %-40s %.0f/s", figSettle, rate)
 	return nil
 }
 

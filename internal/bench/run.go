@@ -22,6 +22,7 @@ type runner struct {
 	report *Report
 	// skipped holds, by variant key, why a variant could not be measured.
 	skipped map[string]string
+	limits  limitSamples
 }
 
 // Run measures everything cfg asks for and returns the report. It returns
@@ -76,8 +77,10 @@ func (r *runner) run(ctx context.Context) error {
 		r.report.Variants = append(r.report.Variants, VariantInfo{Key: v.key, Label: v.label, Description: v.description})
 	}
 
+	// Half the limit repetitions run first, the other half last.
+	firstReps := (r.cfg.Reps + 1) / 2
 	if r.cfg.Limits {
-		if err := r.measureLimits(ctx); err != nil {
+		if err := r.measureLimits(ctx, firstReps); err != nil {
 			return fmt.Errorf("limits: %w", err)
 		}
 	}
@@ -94,6 +97,12 @@ func (r *runner) run(ctx context.Context) error {
 	}
 	if err := r.measureWake(ctx, vs); err != nil {
 		return fmt.Errorf("wake-up: %w", err)
+	}
+	if r.cfg.Limits {
+		if err := r.measureLimits(ctx, r.cfg.Reps-firstReps); err != nil {
+			return fmt.Errorf("limits: %w", err)
+		}
+		r.limitFigures()
 	}
 	for i, v := range r.report.Variants {
 		r.report.Variants[i].Skipped = r.skipped[v.Key]
@@ -179,6 +188,8 @@ func (r *runner) finish() {
 			if f.Name == figE2E {
 				ref, ok := commitRef(r.cfg.Producers)
 				addRatio(f, "limit", "commit rate", ref, ok)
+				ref, ok = rep.find(GroupLimit, figSettle, "")
+				addRatio(f, "limit", "consumer", ref, ok)
 			}
 		case GroupWake:
 			if f.Name == figWakeOff {

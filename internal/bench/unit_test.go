@@ -80,6 +80,7 @@ func TestRunner_finish(t *testing.T) {
 	fig(GroupLimit, figCommit(16), "", 0, 4000)
 	fig(GroupLimit, figPublishEach, "", 0, 2000)
 	fig(GroupLimit, figPublishWindow+" 256", "", 0, 20000)
+	fig(GroupLimit, figSettle, "", 0, 2500)
 	fig(GroupDrain, figDrain(100), BaselineStock, 0, 1000)
 	fig(GroupDrain, figDrain(100), "relay/outboxmill", 0, 15000)
 	fig(GroupE2E, figE2E, BaselineStock, 0, 500)
@@ -100,14 +101,17 @@ func TestRunner_finish(t *testing.T) {
 
 	r.finish()
 
+	// ratio returns the ratio of the figure of kind, or of kind and
+	// against when kind is "kind:against".
 	ratio := func(group, name, variant string, load int, kind string) float64 {
 		t.Helper()
 		f, ok := r.report.findLoad(group, name, variant, load)
 		if !ok {
 			t.Fatalf("no figure %s %s %s %d", group, name, variant, load)
 		}
+		kind, against, _ := strings.Cut(kind, ":")
 		for _, ra := range f.Ratios {
-			if ra.Kind == kind {
+			if ra.Kind == kind && (against == "" || ra.Against == against) {
 				return ra.Value
 			}
 		}
@@ -124,7 +128,8 @@ func TestRunner_finish(t *testing.T) {
 		{"confirm window against confirm each", GroupLimit, figPublishWindow + " 256", "", 0, "limit", 10},
 		{"drain against the publish limit", GroupDrain, figDrain(100), "relay/outboxmill", 0, "limit", 0.75},
 		{"drain against stock", GroupDrain, figDrain(100), "relay/outboxmill", 0, "stock", 15},
-		{"end to end against the commit rate of 16 writers", GroupE2E, figE2E, "relay/outboxmill", 0, "limit", 0.5},
+		{"end to end against the commit rate of 16 writers", GroupE2E, figE2E, "relay/outboxmill", 0, "limit:commit rate", 0.5},
+		{"end to end against the consumer", GroupE2E, figE2E, "relay/outboxmill", 0, "limit:consumer", 0.8},
 		{"end to end against stock", GroupE2E, figE2E, "relay/outboxmill", 0, "stock", 4},
 		{"p50 against stock at the same load", GroupLatency, figP50, "relay/outboxmill", 200, "stock", 0.01},
 		{"idle against stock", GroupIdle, figIdle, "relay/outboxmill", 0, "stock", 2},
