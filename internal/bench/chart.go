@@ -23,21 +23,31 @@ func (r *Report) WriteLatencyChart(w io.Writer) error {
 	plotW := float64(width - left - right)
 	plotH := float64(height - top - bottom)
 
+	// The axis shows every load the run offered, measured or not.
 	var loads []int
 	seen := map[int]bool{}
-	yMax := 1.0
+	for _, l := range r.Settings.Loads {
+		if !seen[l] {
+			seen[l] = true
+			loads = append(loads, l)
+		}
+	}
+	yMax, yMin := 1.0, math.Inf(1)
 	for _, p := range r.Latency {
 		if !seen[p.Load] {
 			seen[p.Load] = true
 			loads = append(loads, p.Load)
 		}
 		yMax = math.Max(yMax, math.Max(p.P50, p.P99))
+		if p.P50 > 0 {
+			yMin = math.Min(yMin, p.P50)
+		}
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", width, height)
 	fmt.Fprintf(&b, `<text x="%d" y="24" font-size="15" font-weight="bold">End-to-end latency (commit to handled) against offered load</text>`+"\n", left)
-	if len(loads) == 0 {
+	if len(r.Latency) == 0 {
 		fmt.Fprintf(&b, `<text x="%d" y="%d">no latency measured</text>`+"\n", left, top+40)
 		b.WriteString("</svg>\n")
 		_, err := io.WriteString(w, b.String())
@@ -45,9 +55,10 @@ func (r *Report) WriteLatencyChart(w io.Writer) error {
 	}
 	slices.Sort(loads)
 	xMax := float64(loads[len(loads)-1]) * 1.08
-	yLo := 0.1 // ms: the floor of the log scale
+	// The log scale spans whole decades around the values, in milliseconds.
+	yLo := math.Pow(10, math.Floor(math.Log10(math.Min(yMin, 1))))
 	yHi := math.Pow(10, math.Ceil(math.Log10(yMax*1.05)))
-	x := func(load float64) float64 { return float64(left) + load/xMax*plotW }
+	xAt := func(load float64) float64 { return float64(left) + load/xMax*plotW }
 	y := func(ms float64) float64 {
 		ms = math.Max(ms, yLo)
 		return float64(top) + plotH*(1-(math.Log10(ms)-math.Log10(yLo))/(math.Log10(yHi)-math.Log10(yLo)))
@@ -59,15 +70,26 @@ func (r *Report) WriteLatencyChart(w io.Writer) error {
 		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", left-6, y(d)+4, trimFloat(d))
 	}
 	for _, l := range loads {
-		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%.1f" stroke="#eee"/>`+"\n", x(float64(l)), top, x(float64(l)), float64(top)+plotH)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%d</text>`+"\n", x(float64(l)), float64(top)+plotH+18, l)
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%.1f" stroke="#eee"/>`+"\n", xAt(float64(l)), top, xAt(float64(l)), float64(top)+plotH)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%d</text>`+"\n", xAt(float64(l)), float64(top)+plotH+18, l)
 	}
 	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%.1f" fill="none" stroke="#333"/>`+"\n", left, top, plotW, plotH)
 	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">offered load (events/s)</text>`+"\n", float64(left)+plotW/2, height-18)
 	fmt.Fprintf(&b, `<text x="18" y="%.1f" text-anchor="middle" transform="rotate(-90 18 %.1f)">latency (ms, log scale)</text>`+"\n", float64(top)+plotH/2, float64(top)+plotH/2)
 
-	// Series.
+	// Series. Each variant's markers sit a little apart from the others'
+	// so that equal values stay visible.
 	legendY := top + 10
+	nSeries := 0
+	for _, v := range r.Variants {
+		for _, p := range r.Latency {
+			if p.Variant == v.Key {
+				nSeries++
+				break
+			}
+		}
+	}
+	series := 0
 	for i, v := range r.Variants {
 		var pts []LatencyPoint
 		for _, p := range r.Latency {
@@ -78,6 +100,9 @@ func (r *Report) WriteLatencyChart(w io.Writer) error {
 		if len(pts) == 0 {
 			continue
 		}
+		shift := (float64(series) - float64(nSeries-1)/2) * 6
+		series++
+		x := func(load float64) float64 { return xAt(load) + shift }
 		color := chartColors[i%len(chartColors)]
 		for _, s := range []struct {
 			name  string
