@@ -68,6 +68,7 @@ func TestRun(t *testing.T) {
 			{GroupIdle, figIdle, "relay/watermill"},
 			{GroupWake, figWakeOff, "relay/watermill"},
 			{GroupWake, figWakeOn, "relay/watermill"},
+			{GroupWake, figWakeNotify, "relay/watermill"},
 		}
 		for _, w := range want {
 			f, ok := report.find(w.group, w.name, w.variant)

@@ -16,20 +16,22 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/app"
 	"github.com/outboxmill/outboxmill/services"
 )
 
 // Names of the pipeline figures.
 const (
-	figE2E      = "end-to-end throughput"
-	figP50      = "p50"
-	figP99      = "p99"
-	figMax      = "max"
-	figAchieved = "achieved load"
-	figIdle     = "database load while idle"
-	figWakeOff  = "commit with relay running, no wake-up"
-	figWakeOn   = "commit with relay running, wake-up on"
+	figE2E        = "end-to-end throughput"
+	figP50        = "p50"
+	figP99        = "p99"
+	figMax        = "max"
+	figAchieved   = "achieved load"
+	figIdle       = "database load while idle"
+	figWakeOff    = "commit with relay running, no wake-up"
+	figWakeOn     = "commit with relay running, in-process wake-up"
+	figWakeNotify = "commit with relay running, NOTIFY wake-up"
 )
 
 func figDrain(backlog int) string {
@@ -154,7 +156,7 @@ func (r *runner) drainOnce(ctx context.Context, v variant, template string) (dra
 	}
 	defer ch.Close()
 
-	rel, err := v.build(db, objs.exchange)
+	rel, err := v.build(db, objs.exchange, "")
 	if err != nil {
 		return drainResult{}, &buildError{err}
 	}
@@ -276,7 +278,7 @@ func (r *runner) setUp(ctx context.Context, v variant) (p *pipeline, err error) 
 		return p, err
 	}
 	p.onClose(closeDB(p.relayDB))
-	rel, err := v.build(p.relayDB, p.names.Exchange())
+	rel, err := v.build(p.relayDB, p.names.Exchange(), "")
 	if err != nil {
 		return p, &buildError{err}
 	}
@@ -519,11 +521,23 @@ func (r *runner) measureIdle(ctx context.Context, p *pipeline) error {
 	return nil
 }
 
+// Wake-up arms of the wake-up measurement.
+const (
+	wakeNone      = "none"
+	wakeInProcess = "in-process"
+	wakeNotify    = "notify"
+)
+
 // measureWake measures, for each relay kind, the producers' commit rate
-// (Producers writers flat out) while the relay runs, without and with the
-// RelayWakeUp hook called after each commit. Each arm and repetition gets a
-// fresh outbox; the arms alternate.
+// (Producers writers flat out) while the relay runs: without a wake-up, with
+// the in-process RelayWakeUp hook called after each commit, and with a
+// coalesced PostgreSQL notification sent after each commit
+// (relay.Notifier, which a relay in another process listens for). Each arm
+// and repetition gets an emptied outbox; the arms alternate.
 func (r *runner) measureWake(ctx context.Context, vs []variant) error {
+	arms := []struct{ mode, fig string }{
+		{wakeNone, figWakeOff}, {wakeInProcess, figWakeOn}, {wakeNotify, figWakeNotify},
+	}
 	for _, v := range vs {
 		if v.kind == "" {
 			continue
@@ -531,40 +545,36 @@ func (r *runner) measureWake(ctx context.Context, vs []variant) error {
 		if _, ok := r.skipped[v.key]; ok {
 			continue
 		}
-		var off, on []float64
+		samples := map[string][]float64{}
+	reps:
 		for rep := 0; rep < r.cfg.Reps; rep++ {
-			for _, wake := range []bool{false, true} {
-				rate, err := r.wakeOnce(ctx, v, wake)
+			for _, arm := range arms {
+				rate, err := r.wakeOnce(ctx, v, arm.mode)
 				var be *buildError
 				if errors.As(err, &be) {
 					r.skip(v, be.err)
-					break
+					break reps
 				}
 				if err != nil {
 					return fmt.Errorf("%s: %w", v.label, err)
 				}
-				if wake {
-					on = append(on, rate)
-				} else {
-					off = append(off, rate)
-				}
-				r.progress("wake   %-24s rep %d, wake-up %-5v: %.0f commits/s", v.label, rep+1, wake, rate)
+				samples[arm.mode] = append(samples[arm.mode], rate)
+				r.progress("wake   %-24s rep %d, wake-up %-10s: %.0f commits/s", v.label, rep+1, arm.mode, rate)
 			}
 		}
-		if len(off) == 0 || len(on) == 0 {
+		if len(samples[wakeNotify]) < r.cfg.Reps {
 			continue
 		}
-		note := fmt.Sprintf("%d writers", r.cfg.Producers)
-		fOff := newFigure(GroupWake, figWakeOff, v.key, "events/s", off)
-		fOff.Note = note
-		fOn := newFigure(GroupWake, figWakeOn, v.key, "events/s", on)
-		fOn.Note = note
-		r.report.Figures = append(r.report.Figures, fOff, fOn)
+		for _, arm := range arms {
+			f := newFigure(GroupWake, arm.fig, v.key, "events/s", samples[arm.mode])
+			f.Note = fmt.Sprintf("%d writers", r.cfg.Producers)
+			r.report.Figures = append(r.report.Figures, f)
+		}
 	}
 	return nil
 }
 
-func (r *runner) wakeOnce(ctx context.Context, v variant, wake bool) (float64, error) {
+func (r *runner) wakeOnce(ctx context.Context, v variant, mode string) (float64, error) {
 	w, err := r.workspace(ctx, r.poolSize())
 	if err != nil {
 		return 0, err
@@ -582,7 +592,11 @@ func (r *runner) wakeOnce(ctx context.Context, v variant, wake bool) (float64, e
 		return 0, err
 	}
 	defer relayDB.Close()
-	rel, err := v.build(relayDB, objs.exchange)
+	notifyChannel := ""
+	if mode == wakeNotify {
+		notifyChannel = relay.DefaultNotifyChannel
+	}
+	rel, err := v.build(relayDB, objs.exchange, notifyChannel)
 	if err != nil {
 		return 0, &buildError{err}
 	}
@@ -593,8 +607,11 @@ func (r *runner) wakeOnce(ctx context.Context, v variant, wake bool) (float64, e
 		}
 	}()
 	var listener app.CommitListener
-	if wake {
+	switch mode {
+	case wakeInProcess:
 		listener = wakeListener(RelayWakeUp(rel))
+	case wakeNotify:
+		listener = relay.NewNotifier(w.ordersDB, relay.DefaultNotifyChannel, r.cfg.Logger)
 	}
 	writer, err := outbox.NewWriter(outbox.DefaultConfig(), watermill.NopLogger{})
 	if err != nil {
