@@ -75,9 +75,11 @@ func (r *runner) measureLimits(ctx context.Context, reps int) error {
 	return nil
 }
 
-// limitFigures turns the limit samples into figures.
+// limitFigures turns the limit samples into figures, once.
 func (r *runner) limitFigures() {
-	for _, name := range r.limits.order {
+	order := r.limits.order
+	r.limits.order = nil
+	for _, name := range order {
 		unit := "msgs/s"
 		if name == figSettle || strings.HasPrefix(name, "commit") {
 			unit = "events/s"

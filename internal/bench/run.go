@@ -25,10 +25,10 @@ type runner struct {
 	limits  limitSamples
 }
 
-// Run measures everything cfg asks for and returns the report. It returns
-// an error when the run could not be carried out (a server unreachable, a
-// database error); lost or doubled events do not make an error but a report
-// whose OK is false.
+// Run measures everything cfg asks for and returns the report. When the run
+// cannot be carried out (a server unreachable, a database error, ctx ended)
+// it returns the error with a report of what was measured until then. Lost
+// or doubled events are no error: the report's OK is false.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -45,6 +45,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	r.report = &Report{Mode: cfg.Mode, RunID: r.runID, StartedAt: time.Now().UTC(), Settings: settingsOf(cfg), OK: true}
 	err := r.run(ctx)
+	r.finish()
 	cleanCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	if cerr := r.cleanup.run(cleanCtx); cerr != nil {
@@ -52,10 +53,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	r.report.Seconds = time.Since(r.report.StartedAt).Seconds()
 	r.report.Machine.LoadAfter = loadAverage()
-	if err != nil {
-		return r.report, err
-	}
-	return r.report, nil
+	return r.report, err
 }
 
 func (r *runner) run(ctx context.Context) error {
@@ -102,12 +100,7 @@ func (r *runner) run(ctx context.Context) error {
 		if err := r.measureLimits(ctx, r.cfg.Reps-firstReps); err != nil {
 			return fmt.Errorf("limits: %w", err)
 		}
-		r.limitFigures()
 	}
-	for i, v := range r.report.Variants {
-		r.report.Variants[i].Skipped = r.skipped[v.Key]
-	}
-	r.finish()
 	return nil
 }
 
@@ -149,9 +142,14 @@ func (r *runner) statementsNote(ctx context.Context) (string, error) {
 	return "idle load is counted in transactions (pg_stat_database), not statements: pg_stat_statements is not in shared_preload_libraries on this server; an idle poll is one transaction with one SELECT", nil
 }
 
-// finish adds the ratios, the latency curves and the verdict.
+// finish adds the limit figures, the ratios, the latency curves and the
+// verdict to what was measured.
 func (r *runner) finish() {
 	rep := r.report
+	r.limitFigures()
+	for i, v := range rep.Variants {
+		rep.Variants[i].Skipped = r.skipped[v.Key]
+	}
 	commitRef := func(writers int) (Figure, bool) {
 		if f, ok := rep.find(GroupLimit, figCommit(writers), ""); ok {
 			return f, true
