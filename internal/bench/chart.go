@@ -144,7 +144,7 @@ func (r *Report) WriteLatencyChart(w io.Writer) error {
 	legendY += 28
 	for _, line := range []string{
 		fmt.Sprintf("Loads above %.0f%% of a", 100*r.Settings.CapacityShare),
-		"variant's end-to-end", "throughput are not run.",
+		"variant's best end-to-end", "throughput are not run.",
 	} {
 		fmt.Fprintf(&b, `<text x="%d" y="%d" fill="#555" font-size="11">%s</text>`+"\n", lx, legendY, line)
 		legendY += 14
