@@ -146,7 +146,7 @@ func FullConfig(adminDatabaseURL, amqpURL string) Config {
 		MaxInFlight:       2000,
 		E2EWindow:         8 * time.Second,
 		Warmup:            time.Second,
-		Loads:             []int{200, 500, 1000, 2000},
+		Loads:             []int{100, 200, 500, 1000, 2000},
 		CapacityShare:     0.8,
 		LatencyWindow:     5 * time.Second,
 		IdleWindow:        6 * time.Second,
@@ -172,7 +172,7 @@ func QuickConfig(adminDatabaseURL, amqpURL string) Config {
 	c.MaxInFlight = 500
 	c.E2EWindow = 1500 * time.Millisecond
 	c.Warmup = 300 * time.Millisecond
-	c.Loads = []int{200, 1000}
+	c.Loads = []int{100, 1000}
 	c.LatencyWindow = 1500 * time.Millisecond
 	c.IdleWindow = 2 * time.Second
 	c.WakeWindow = time.Second
