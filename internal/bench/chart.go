@@ -12,8 +12,8 @@ import (
 // chartColors are the series colours, one per variant in report order.
 var chartColors = []string{"#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"}
 
-// WriteLatencyChart draws the latency (p50 solid, p99 dashed, log scale)
-// against the offered load of every variant as an SVG image.
+// WriteLatencyChart draws the latency (p50 solid, p99 dashed) against the
+// offered load of every variant as an SVG image, both axes logarithmic.
 func (r *Report) WriteLatencyChart(w io.Writer) error {
 	const (
 		width, height = 820, 480
@@ -54,11 +54,13 @@ func (r *Report) WriteLatencyChart(w io.Writer) error {
 		return err
 	}
 	slices.Sort(loads)
-	xMax := float64(loads[len(loads)-1]) * 1.08
+	// Loads grow by factors (100, 200, 500, ...): both axes are logarithmic.
+	xLo := math.Log10(float64(loads[0]) / 1.4)
+	xHi := math.Log10(float64(loads[len(loads)-1]) * 1.4)
 	// The log scale spans whole decades around the values, in milliseconds.
 	yLo := math.Pow(10, math.Floor(math.Log10(math.Min(yMin, 1))))
 	yHi := math.Pow(10, math.Ceil(math.Log10(yMax*1.05)))
-	xAt := func(load float64) float64 { return float64(left) + load/xMax*plotW }
+	xAt := func(load float64) float64 { return float64(left) + (math.Log10(load)-xLo)/(xHi-xLo)*plotW }
 	y := func(ms float64) float64 {
 		ms = math.Max(ms, yLo)
 		return float64(top) + plotH*(1-(math.Log10(ms)-math.Log10(yLo))/(math.Log10(yHi)-math.Log10(yLo)))
@@ -74,7 +76,7 @@ func (r *Report) WriteLatencyChart(w io.Writer) error {
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%d</text>`+"\n", xAt(float64(l)), float64(top)+plotH+18, l)
 	}
 	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.1f" height="%.1f" fill="none" stroke="#333"/>`+"\n", left, top, plotW, plotH)
-	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">offered load (events/s)</text>`+"\n", float64(left)+plotW/2, height-18)
+	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">offered load (events/s, log scale)</text>`+"\n", float64(left)+plotW/2, height-18)
 	fmt.Fprintf(&b, `<text x="18" y="%.1f" text-anchor="middle" transform="rotate(-90 18 %.1f)">latency (ms, log scale)</text>`+"\n", float64(top)+plotH/2, float64(top)+plotH/2)
 
 	// Series. Each variant's markers sit a little apart from the others'
@@ -100,7 +102,7 @@ func (r *Report) WriteLatencyChart(w io.Writer) error {
 		if len(pts) == 0 {
 			continue
 		}
-		shift := (float64(series) - float64(nSeries-1)/2) * 6
+		shift := (float64(series) - float64(nSeries-1)/2) * 4
 		series++
 		x := func(load float64) float64 { return xAt(load) + shift }
 		color := chartColors[i%len(chartColors)]
