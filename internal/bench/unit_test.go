@@ -67,6 +67,7 @@ func TestSlope(t *testing.T) {
 func TestRunner_finish(t *testing.T) {
 	cfg := QuickConfig("postgres://x", "amqp://x")
 	cfg.CommitWriters = []int{1, 16}
+	cfg.Loads = []int{200, 1000}
 	r := &runner{env: &env{cfg: cfg}, report: &Report{OK: true}, skipped: map[string]string{}}
 	for _, v := range variants(cfg) {
 		r.report.Variants = append(r.report.Variants, VariantInfo{Key: v.key, Label: v.label})
