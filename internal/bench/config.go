@@ -164,18 +164,18 @@ func FullConfig(adminDatabaseURL, amqpURL string) Config {
 func QuickConfig(adminDatabaseURL, amqpURL string) Config {
 	c := FullConfig(adminDatabaseURL, amqpURL)
 	c.Mode = "quick"
-	c.LimitWindow = 800 * time.Millisecond
+	c.LimitWindow = 600 * time.Millisecond
 	c.ConsumeMessages = 5000
-	c.SettleMessages = 1500
+	c.SettleMessages = 1000
 	c.Backlog = 20000
-	c.DrainMax = 2500 * time.Millisecond
+	c.DrainMax = 2 * time.Second
 	c.MaxInFlight = 500
 	c.E2EWindow = 1500 * time.Millisecond
 	c.Warmup = 300 * time.Millisecond
 	c.Loads = []int{100, 1000}
 	c.LatencyWindow = 1500 * time.Millisecond
-	c.IdleWindow = 2 * time.Second
-	c.WakeWindow = time.Second
+	c.IdleWindow = 1500 * time.Millisecond
+	c.WakeWindow = 800 * time.Millisecond
 	return c
 }
 
