@@ -6,7 +6,7 @@
 //     transaction (the real OrderRepository and outbox.Writer) with 1, 4 and
 //     16 writers; RabbitMQ's persistent publish rate with one confirm at a
 //     time and with a window of confirms in flight; its consume rate with
-//     manual acks;
+//     manual acks; the settlement consumer's rate on pre-filled queues;
 //   - the baselines: a naive dual write (commit, then publish with a
 //     confirm), Watermill's forwarder with every library default, and
 //     Watermill's forwarder with the best safe settings found;
@@ -14,8 +14,13 @@
 //     the end-to-end throughput with producers, relay and a settlement-style
 //     consumer (dedup transaction included) running together, the latency
 //     from commit to handled at fixed offered loads, the database
-//     transactions per second while idle, and the producers' commit rate with
-//     and without the relay wake-up.
+//     transactions per second while idle, and the producers' commit rate
+//     without a wake-up, with the in-process wake-up (RelayWakeUp) and with a
+//     notification after commit.
+//
+// During the end-to-end and latency windows a watch samples how long other
+// databases' transactions hold the server's xmin horizon back, which stalls
+// every relay that keeps watermill-sql's visibility rule.
 //
 // Run returns a Report: figures with their samples, min and median, and
 // ratios against the relevant limit and against the stock forwarder. The
