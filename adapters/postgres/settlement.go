@@ -36,15 +36,24 @@ func NewSettlementLedger(db *sqlx.DB) *SettlementLedger {
 	return &SettlementLedger{db: db}
 }
 
-// Append inserts entries for orderID through tx (the handler's transaction).
+// Append inserts entries for orderID through tx (the handler's transaction),
+// in one statement.
 func (l *SettlementLedger) Append(ctx context.Context, tx *sqlx.Tx, orderID, eventID, currency string, occurredAt time.Time, entries []domain.LedgerEntry) error {
-	for _, e := range entries {
-		if _, err := tx.ExecContext(ctx, `
-			INSERT INTO settlement_entries (order_id, event_id, kind, amount, currency, occurred_at)
-			VALUES ($1, $2, $3, $4, $5, $6)`,
-			orderID, eventID, e.Kind, e.Amount, currency, occurredAt); err != nil {
-			return fmt.Errorf("append %s entry of order %s: %w", e.Kind, orderID, err)
-		}
+	if len(entries) == 0 {
+		return nil
+	}
+	kinds := make([]string, len(entries))
+	amounts := make([]int64, len(entries))
+	for i, e := range entries {
+		kinds[i], amounts[i] = e.Kind, e.Amount
+	}
+	if _, err := tx.ExecContext(ctx, `
+		INSERT INTO settlement_entries (order_id, event_id, kind, amount, currency, occurred_at)
+		SELECT $1, $2, e.kind, e.amount, $5, $6
+		FROM unnest($3::text[], $4::bigint[]) WITH ORDINALITY AS e(kind, amount, n)
+		ORDER BY e.n`,
+		orderID, eventID, kinds, amounts, currency, occurredAt); err != nil {
+		return fmt.Errorf("append entries of order %s: %w", orderID, err)
 	}
 	return nil
 }
