@@ -14,34 +14,13 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxmill/outboxmill/internal/stack"
+	"github.com/outboxmill/outboxmill/internal/stack/stacktest"
 )
 
 // binDir holds the orders and settlement commands, built once for all tests.
 var binDir string
 
-func TestMain(m *testing.M) {
-	os.Exit(func() int {
-		dir, err := os.MkdirTemp("", "outboxmill-demo-bin-")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		moduleDir, err := stack.ModuleDir()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		if err := stack.Build(ctx, moduleDir, dir, "orders", "settlement"); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		binDir = dir
-		return m.Run()
-	}())
-}
+func TestMain(m *testing.M) { os.Exit(stacktest.Main(m, &binDir, nil)) }
 
 // syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
 type syncBuffer struct {

@@ -16,7 +16,6 @@
 package chaos
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -26,6 +25,7 @@ import (
 	"time"
 
 	"github.com/outboxmill/outboxmill/internal/stack"
+	"github.com/outboxmill/outboxmill/internal/stack/stacktest"
 )
 
 // binDir holds the commands built once for all scenarios.
@@ -39,29 +39,7 @@ var relayKind = os.Getenv("CHAOS_RELAY_KIND")
 const pollInterval = "100ms"
 
 func TestMain(m *testing.M) {
-	os.Exit(func() int {
-		dir, err := os.MkdirTemp("", "outboxmill-chaos-bin-")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		moduleDir, err := stack.ModuleDir()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		if err := stack.Build(ctx, moduleDir, dir, "orders", "settlement"); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		binDir = dir
-		code := m.Run()
-		printSummary(os.Stdout)
-		return code
-	}())
+	os.Exit(stacktest.Main(m, &binDir, func() { printSummary(os.Stdout) }))
 }
 
 // ordersArgs are the orders service's flags in every scenario, plus extra.
@@ -86,9 +64,6 @@ func relayName() string {
 // fails.
 func newStack(t *testing.T, cfg stack.Config) *stack.Stack {
 	t.Helper()
-	cfg.Env = stack.EnvFromEnvironment()
-	cfg.BinDir = binDir
-	cfg.LogDir = t.TempDir()
 	if keep := os.Getenv("CHAOS_LOG_DIR"); keep != "" {
 		cfg.LogDir = filepath.Join(keep, strings.ReplaceAll(t.Name(), "/", "_"))
 		if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
@@ -96,33 +71,7 @@ func newStack(t *testing.T, cfg stack.Config) *stack.Stack {
 		}
 	}
 	cfg.Prefix = "obm_chaos_"
-	s, err := stack.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("create stack: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			logs, _ := filepath.Glob(filepath.Join(cfg.LogDir, "*.log"))
-			for _, f := range logs {
-				if b, err := os.ReadFile(f); err == nil {
-					t.Logf("--- %s (last 6 KiB)\n%s", filepath.Base(f), lastBytes(b, 6<<10))
-				}
-			}
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := s.Close(ctx); err != nil {
-			t.Errorf("clean up stack: %v", err)
-		}
-	})
-	return s
-}
-
-func lastBytes(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[len(b)-n:]
-	}
-	return b
+	return stacktest.New(t, binDir, cfg)
 }
 
 // waitFor polls cond every 50 ms until it returns true or timeout passes,

@@ -1,0 +1,85 @@
+// Package stacktest holds what tests that run the sample services as
+// processes share: building the commands once per test binary, and a stack
+// per test that is removed when the test ends.
+package stacktest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/outboxmill/outboxmill/internal/stack"
+)
+
+// Main builds the orders and settlement commands, and the extra ones, into a
+// temporary directory, sets *binDir to it, runs the tests, calls after (when
+// not nil) and removes the directory. It returns the exit code for os.Exit;
+// use it from TestMain.
+func Main(m *testing.M, binDir *string, after func(), extra ...string) int {
+	dir, err := os.MkdirTemp("", "outboxmill-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	moduleDir, err := stack.ModuleDir()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := stack.Build(ctx, moduleDir, dir, append([]string{"orders", "settlement"}, extra...)...); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	*binDir = dir
+	code := m.Run()
+	if after != nil {
+		after()
+	}
+	return code
+}
+
+// New creates a stack for t from cfg, with the local servers and the
+// commands in binDir, removed when t ends. Unless cfg.LogDir is set, the
+// services' logs go to the test's temporary directory; their ends are
+// printed when t fails.
+func New(t *testing.T, binDir string, cfg stack.Config) *stack.Stack {
+	t.Helper()
+	cfg.Env = stack.EnvFromEnvironment()
+	cfg.BinDir = binDir
+	if cfg.LogDir == "" {
+		cfg.LogDir = t.TempDir()
+	}
+	s, err := stack.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("create stack: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			logs, _ := filepath.Glob(filepath.Join(cfg.LogDir, "*.log"))
+			for _, f := range logs {
+				if b, err := os.ReadFile(f); err == nil {
+					t.Logf("--- %s (last 6 KiB)\n%s", filepath.Base(f), lastBytes(b, 6<<10))
+				}
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := s.Close(ctx); err != nil {
+			t.Errorf("clean up stack: %v", err)
+		}
+	})
+	return s
+}
+
+func lastBytes(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
+}
