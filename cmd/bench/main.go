@@ -52,7 +52,7 @@ func run(args []string) int {
 	logLevel := fs.String("log-level", "info", "level of the components' log, written to OUT/bench.log (debug, info, warn, error)")
 	readme := fs.String("readme", "", "when set, replace the benchmark results between the bench markers of this README with this run's")
 	render := fs.String("render", "", "render the report in this bench.json again (table, chart, -readme) instead of running")
-	if ok, code := cli.Parse(fs, args); !ok {
+	if ok, code := cli.Parse(fs, args, os.Stderr); !ok {
 		return code
 	}
 

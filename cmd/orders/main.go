@@ -9,6 +9,7 @@ package main
 
 import (
 	"flag"
+	"io"
 	"os"
 	"time"
 
@@ -18,25 +19,27 @@ import (
 	"github.com/outboxmill/outboxmill/services/orders"
 )
 
-func main() { os.Exit(run(os.Args[1:])) }
+func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
 
-func run(args []string) int {
+// run runs the command with args, writing usage, errors and logs to
+// stderr, and returns its exit code.
+func run(args []string, stderr io.Writer) int {
 	const name = "orders"
 	pollDefault, err := cli.EnvDuration("RELAY_POLL_INTERVAL", time.Second)
 	if err != nil {
-		return cli.Fail(name, err)
+		return cli.Fail(stderr, name, err)
 	}
 	relay, err := cli.EnvBool("RELAY", true)
 	if err != nil {
-		return cli.Fail(name, err)
+		return cli.Fail(stderr, name, err)
 	}
 	notify, err := cli.EnvBool("RELAY_NOTIFY", true)
 	if err != nil {
-		return cli.Fail(name, err)
+		return cli.Fail(stderr, name, err)
 	}
 	stuckDefault, err := cli.EnvDuration("STUCK_AFTER", outbox.DefaultStuckAfter)
 	if err != nil {
-		return cli.Fail(name, err)
+		return cli.Fail(stderr, name, err)
 	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	var cfg orders.Config
@@ -53,30 +56,30 @@ func run(args []string) int {
 	fs.DurationVar(&cfg.RelayPollInterval, "relay-poll-interval", pollDefault, "how often the relay polls an empty outbox (env RELAY_POLL_INTERVAL)")
 	fs.DurationVar(&cfg.StuckAfter, "stuck-after", stuckDefault, "age past which an unforwarded outbox event is reported stuck (env STUCK_AFTER)")
 	if err := cli.RetentionFlags(fs, &cfg.Retention); err != nil {
-		return cli.Fail(name, err)
+		return cli.Fail(stderr, name, err)
 	}
 	logLevel := fs.String("log-level", cli.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
-	if ok, code := cli.Parse(fs, args); !ok {
+	if ok, code := cli.Parse(fs, args, stderr); !ok {
 		return code
 	}
 	cfg.Relay, cfg.RelayNotify = &relay, &notify
-	logger, err := cli.NewLogger(*logLevel)
+	logger, err := cli.NewLogger(*logLevel, stderr)
 	if err != nil {
-		return cli.Fail(name, err)
+		return cli.Fail(stderr, name, err)
 	}
 	cfg.Logger = logger
 	if err := cfg.Validate(); err != nil {
-		return cli.Fail(name, err)
+		return cli.Fail(stderr, name, err)
 	}
 
 	ctx, stop := cli.SignalContext()
 	defer stop()
 	svc, err := orders.New(ctx, cfg)
 	if err != nil {
-		return cli.Fail(name, err)
+		return cli.Fail(stderr, name, err)
 	}
 	if err := svc.Run(ctx); err != nil {
-		return cli.Fail(name, err)
+		return cli.Fail(stderr, name, err)
 	}
 	return 0
 }

@@ -10,6 +10,7 @@ package main
 
 import (
 	"flag"
+	"io"
 	"os"
 
 	"github.com/outboxmill/outboxmill/internal/cli"
@@ -17,9 +18,11 @@ import (
 	"github.com/outboxmill/outboxmill/services/settlement"
 )
 
-func main() { os.Exit(run(os.Args[1:])) }
+func main() { os.Exit(run(os.Args[1:], os.Stderr)) }
 
-func run(args []string) int {
+// run runs the command with args, writing usage, errors and logs to
+// stderr, and returns its exit code.
+func run(args []string, stderr io.Writer) int {
 	const name = "settlement"
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	var cfg settlement.Config
@@ -33,29 +36,29 @@ func run(args []string) int {
 	fs.IntVar(&cfg.Prefetch, "prefetch", 64, "deliveries in flight to the consumer")
 	fs.IntVar(&cfg.Retry.MaxRetries, "max-retries", 4, "retries of a failing message before it is set aside")
 	if err := cli.RetentionFlags(fs, &cfg.Retention); err != nil {
-		return cli.Fail(name, err)
+		return cli.Fail(stderr, name, err)
 	}
 	logLevel := fs.String("log-level", cli.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
-	if ok, code := cli.Parse(fs, args); !ok {
+	if ok, code := cli.Parse(fs, args, stderr); !ok {
 		return code
 	}
-	logger, err := cli.NewLogger(*logLevel)
+	logger, err := cli.NewLogger(*logLevel, stderr)
 	if err != nil {
-		return cli.Fail(name, err)
+		return cli.Fail(stderr, name, err)
 	}
 	cfg.Logger = logger
 	if err := cfg.Validate(); err != nil {
-		return cli.Fail(name, err)
+		return cli.Fail(stderr, name, err)
 	}
 
 	ctx, stop := cli.SignalContext()
 	defer stop()
 	svc, err := settlement.New(ctx, cfg)
 	if err != nil {
-		return cli.Fail(name, err)
+		return cli.Fail(stderr, name, err)
 	}
 	if err := svc.Run(ctx); err != nil {
-		return cli.Fail(name, err)
+		return cli.Fail(stderr, name, err)
 	}
 	return 0
 }

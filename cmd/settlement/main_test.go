@@ -1,7 +1,7 @@
 package main
 
 import (
-	"os"
+	"bytes"
 	"strings"
 	"testing"
 
@@ -12,23 +12,12 @@ import (
 const unreachableDatabase = "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=2"
 
 // runCaptured runs the command with args and returns its exit code and what
-// it wrote to stderr. Tests using it must not run in parallel.
+// it wrote to stderr.
 func runCaptured(t *testing.T, args ...string) (int, string) {
 	t.Helper()
-	f, err := os.CreateTemp(t.TempDir(), "stderr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	saved := os.Stderr
-	os.Stderr = f
-	code := run(args)
-	os.Stderr = saved
-	b, err := os.ReadFile(f.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return code, string(b)
+	var stderr bytes.Buffer
+	code := run(args, &stderr)
+	return code, stderr.String()
 }
 
 func TestRun(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"os"
@@ -62,14 +63,14 @@ func EnvBool(name string, def bool) (bool, error) {
 	return b, nil
 }
 
-// NewLogger returns a text logger on stderr at the named level (debug, info,
-// warn, error).
-func NewLogger(level string) (*slog.Logger, error) {
+// NewLogger returns a text logger writing to w at the named level (debug,
+// info, warn, error).
+func NewLogger(level string, w io.Writer) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
 		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
 }
 
 // SignalContext returns a context cancelled on SIGINT or SIGTERM.
@@ -78,9 +79,10 @@ func SignalContext() (context.Context, context.CancelFunc) {
 }
 
 // Parse parses args with fs and rejects positional arguments. It prints
-// errors itself and returns the exit code to use when it fails (0 for -h).
-func Parse(fs *flag.FlagSet, args []string) (ok bool, code int) {
-	fs.SetOutput(os.Stderr)
+// usage and errors to stderr and returns the exit code to use when it fails
+// (0 for -h).
+func Parse(fs *flag.FlagSet, args []string, stderr io.Writer) (ok bool, code int) {
+	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return false, 0
@@ -88,16 +90,17 @@ func Parse(fs *flag.FlagSet, args []string) (ok bool, code int) {
 		return false, 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		fmt.Fprintf(stderr, "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
 		fs.Usage()
 		return false, 2
 	}
 	return true, 0
 }
 
-// Fail prints err for the command named cmd and returns exit code 1.
-func Fail(cmd string, err error) int {
-	fmt.Fprintf(os.Stderr, "%s: %v\n", cmd, err)
+// Fail prints err for the command named cmd to stderr and returns exit code
+// 1.
+func Fail(stderr io.Writer, cmd string, err error) int {
+	fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
 	return 1
 }
 

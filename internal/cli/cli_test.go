@@ -1,32 +1,13 @@
 package cli
 
 import (
+	"bytes"
 	"flag"
-	"os"
+	"io"
 	"strings"
 	"testing"
 	"time"
 )
-
-// captureStderr runs fn with os.Stderr going to a file and returns what fn
-// wrote. Tests using it must not run in parallel.
-func captureStderr(t *testing.T, fn func()) string {
-	t.Helper()
-	f, err := os.CreateTemp(t.TempDir(), "stderr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	saved := os.Stderr
-	os.Stderr = f
-	defer func() { os.Stderr = saved }()
-	fn()
-	b, err := os.ReadFile(f.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
 
 func TestEnv(t *testing.T) {
 	t.Setenv("OUTBOXMILL_TEST_ENV", "")
@@ -103,12 +84,12 @@ func TestEnvDuration(t *testing.T) {
 
 func TestNewLogger(t *testing.T) {
 	for _, level := range []string{"debug", "info", "warn", "error", "INFO"} {
-		if _, err := NewLogger(level); err != nil {
+		if _, err := NewLogger(level, io.Discard); err != nil {
 			t.Errorf("level %q: %v", level, err)
 		}
 	}
 	for _, level := range []string{"", "loud", "trace"} {
-		if _, err := NewLogger(level); err == nil {
+		if _, err := NewLogger(level, io.Discard); err == nil {
 			t.Errorf("level %q accepted", level)
 		}
 	}
@@ -131,9 +112,9 @@ func TestParse(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := flag.NewFlagSet("cmd", flag.ContinueOnError)
 			fs.Int("n", 0, "a number")
-			var ok bool
-			var code int
-			stderr := captureStderr(t, func() { ok, code = Parse(fs, tc.args) })
+			var buf bytes.Buffer
+			ok, code := Parse(fs, tc.args, &buf)
+			stderr := buf.String()
 			if ok != tc.ok || code != tc.code {
 				t.Errorf("Parse = (%v, %d), want (%v, %d)", ok, code, tc.ok, tc.code)
 			}
