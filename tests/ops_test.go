@@ -368,11 +368,13 @@ func TestOutboxctl_StuckRelayAndPurge(t *testing.T) {
 		}
 	})
 
-	// The relay comes back and forwards everything.
+	// The relay comes back and forwards everything. The service's own
+	// scheduled purge keeps rows for 10 days here, so that the 8-day-old
+	// rows are left for outboxctl's purge (7 days by default) to remove.
 	if err := s.Orders.Stop(); err != nil {
 		t.Fatalf("stop orders: %v", err)
 	}
-	if _, err := s.StartOrders(ctx, "-relay-poll-interval", "50ms"); err != nil {
+	if _, err := s.StartOrders(ctx, "-relay-poll-interval", "50ms", "-outbox-retention", "240h", "-dedup-window", "480h"); err != nil {
 		t.Fatal(err)
 	}
 	waitMetric(t, s.Orders.URL(), backlog, 30*time.Second, "backlog drained", func(v float64) bool { return v == 0 })
