@@ -45,10 +45,11 @@ type row struct {
 
 // Outboxmill is Outboxmill's relay. It reads the outbox in batches in
 // (transaction_id, offset) order, using watermill-sql's visibility rule (only
-// rows of transactions older than the oldest running one), publishes each
-// batch on one channel with many broker confirms in flight, and stores its
-// position in Watermill's offsets table only after the whole batch is
-// confirmed. It reads the same table and envelope as Watermill's forwarder
+// rows of transactions older than the oldest running one), publishes the
+// batches as one stream on one channel with many broker confirms in flight,
+// and stores its position in Watermill's offsets table past a batch only
+// after the broker confirmed every row of it and of the batches before it
+// (see stream). It reads the same table and envelope as Watermill's forwarder
 // and shares its position, so either can replace the other.
 //
 // One instance forwards at a time: instances take a PostgreSQL advisory lock
@@ -102,7 +103,7 @@ func (r *Outboxmill) Wake() {
 // process wakes the relay after each commit.
 func (r *Outboxmill) EventsCommitted() { r.Wake() }
 
-// Close stops the relay after the batch in flight and waits for Run to
+// Close stops the relay after the publishes in flight and waits for Run to
 // return. A relay that never ran closes at once.
 func (r *Outboxmill) Close() error {
 	r.once.Do(func() { close(r.closing) })
@@ -156,7 +157,7 @@ func (r *Outboxmill) Run(ctx context.Context) error {
 }
 
 // lead takes the relay lock, then forwards until an error or ctx ends.
-func (r *Outboxmill) lead(ctx context.Context) error {
+func (r *Outboxmill) lead(ctx context.Context) (err error) {
 	lockConn, err := r.db.Connx(ctx)
 	if err != nil {
 		return fmt.Errorf("connect for relay lock: %w", err)
@@ -187,7 +188,7 @@ func (r *Outboxmill) lead(ctx context.Context) error {
 	if err := ch.Confirm(false); err != nil {
 		return fmt.Errorf("enable publisher confirms: %w", err)
 	}
-	returns := ch.NotifyReturn(make(chan amqp.Return, r.config.BatchSize))
+	returns := ch.NotifyReturn(make(chan amqp.Return, max(r.config.BatchSize, r.config.InFlight)))
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	r.logger.Info("relay active", "position_tx", pos.txID, "position_offset", pos.offset)
 
@@ -199,39 +200,49 @@ func (r *Outboxmill) lead(ctx context.Context) error {
 	batches := make(chan batch, 1)
 	go r.readAhead(readCtx, pos, batches)
 
-	// A batch that has started is finished even when the relay is stopped,
+	// Batches are published as one stream (see stream): while the last
+	// confirms of a batch come back, the next one is already on its way.
+	// What has been published is settled even when the relay is stopped,
 	// so that what the broker confirmed is recorded and not sent again.
 	work := context.WithoutCancel(ctx)
+	s := newStream(r, ch, returns, pos)
+	defer func() { err = errors.Join(err, s.close()) }()
 	for {
 		var b batch
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-closed:
-			return fmt.Errorf("broker channel closed: %v", err)
-		case b = <-batches:
+		if s.idle() {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case err := <-closed:
+				return fmt.Errorf("broker channel closed: %v", err)
+			case err := <-s.storeFailed():
+				return err
+			case b = <-batches:
+			}
+		} else {
+			select {
+			case <-ctx.Done():
+				return errors.Join(ctx.Err(), s.flush(work))
+			case err := <-closed:
+				return s.fail(work, fmt.Errorf("broker channel closed: %v", err))
+			case err := <-s.storeFailed():
+				return err
+			case <-s.oldestDone():
+				if err := s.settleOne(work); err != nil {
+					return err
+				}
+				continue
+			case b = <-batches:
+			}
 		}
 		if b.err != nil {
-			return b.err
+			return errors.Join(b.err, s.flush(work))
 		}
 		if err := lockConn.PingContext(ctx); err != nil {
-			return fmt.Errorf("relay lock connection lost: %w", err)
+			return errors.Join(fmt.Errorf("relay lock connection lost: %w", err), s.flush(work))
 		}
-		start := time.Now()
-		forwarded, pubErr := r.publish(work, ch, returns, b.rows)
-		if forwarded > 0 {
-			storeCtx, cancel := context.WithTimeout(work, r.config.ConfirmTimeout)
-			next, err := r.storePosition(storeCtx, pos, b.rows[:forwarded])
-			cancel()
-			if err != nil {
-				return errors.Join(pubErr, err)
-			}
-			pos = next
-			r.config.Metrics.Published(forwarded, time.Since(start))
-		}
-		if pubErr != nil {
-			r.config.Metrics.PublishFailed(pubErr)
-			return pubErr
+		if err := s.publish(work, b.rows); err != nil {
+			return err
 		}
 	}
 }
@@ -380,102 +391,6 @@ func unwrap(payload []byte) (topic string, msg *message.Message, invalid string)
 	return env.DestinationTopic, msg, ""
 }
 
-// publish publishes rows in order on ch with up to InFlight confirms
-// outstanding and returns how many rows, from the first, are done: confirmed
-// by the broker and not returned as unroutable (rows that cannot be
-// forwarded count as done; storePosition sets them aside). A row the broker
-// nacked or returned stops the count there; the rows after it are sent again
-// by the next batch.
-func (r *Outboxmill) publish(ctx context.Context, ch *amqp.Channel, returns <-chan amqp.Return, rows []row) (int, error) {
-	confirms := make([]*amqp.DeferredConfirmation, len(rows))
-	waitFrom := 0
-	var pubErr error
-	sent := 0
-	for i, x := range rows {
-		if x.invalid != "" {
-			sent++
-			continue
-		}
-		for i-waitFrom >= r.config.InFlight {
-			if confirms[waitFrom] != nil {
-				if _, err := r.waitConfirm(ctx, confirms[waitFrom]); err != nil {
-					pubErr = err
-					break
-				}
-			}
-			waitFrom++
-		}
-		if pubErr != nil {
-			break
-		}
-		pub, err := rabbitmq.Marshaler{}.Marshal(x.msg)
-		if err != nil {
-			pubErr = fmt.Errorf("marshal event %s: %w", x.msg.UUID, err)
-			break
-		}
-		confirms[i], err = ch.PublishWithDeferredConfirmWithContext(ctx, r.config.Exchange, x.topic,
-			r.config.RequireRoute(x.topic), false, pub)
-		if err != nil {
-			pubErr = fmt.Errorf("publish event %s: %w", x.msg.UUID, err)
-			break
-		}
-		sent++
-	}
-
-	done := 0
-	for i := 0; i < sent; i++ {
-		if confirms[i] == nil {
-			if rows[i].invalid != "" && done == i {
-				done++
-			}
-			continue
-		}
-		acked, err := r.waitConfirm(ctx, confirms[i])
-		if err != nil {
-			pubErr = errors.Join(pubErr, err)
-			break
-		}
-		if !acked {
-			pubErr = errors.Join(pubErr, fmt.Errorf("broker nacked event %s", rows[i].msg.UUID))
-			break
-		}
-		if done == i {
-			done++
-		}
-	}
-
-	// A return for a mandatory message arrives before its confirm, so every
-	// return of this batch is queued by now. When the broker channel has
-	// closed, returns is closed too: nothing more will come.
-	returned := map[string]string{}
-	for drained := false; !drained; {
-		select {
-		case ret, ok := <-returns:
-			if !ok {
-				drained = true
-				continue
-			}
-			id, _ := ret.Headers["_watermill_message_uuid"].(string)
-			returned[id] = fmt.Sprintf("%d %s (routing key %s)", ret.ReplyCode, ret.ReplyText, ret.RoutingKey)
-		default:
-			drained = true
-		}
-	}
-	if len(returned) > 0 {
-		for i := 0; i < done; i++ {
-			if rows[i].invalid != "" {
-				continue
-			}
-			if reason, ok := returned[rows[i].msg.UUID]; ok {
-				pubErr = errors.Join(pubErr, fmt.Errorf("event %s returned by the broker: %s", rows[i].msg.UUID, reason))
-				done = i
-				break
-			}
-		}
-	}
-	return done, pubErr
-}
-
 func (r *Outboxmill) waitConfirm(ctx context.Context, c *amqp.DeferredConfirmation) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.config.ConfirmTimeout)
 	defer cancel()
@@ -486,22 +401,17 @@ func (r *Outboxmill) waitConfirm(ctx context.Context, c *amqp.DeferredConfirmati
 	return acked, nil
 }
 
-// storePosition sets aside the rows that cannot be forwarded and moves the
-// position past rows, in one transaction. The update is compare-and-set on
-// the previous position.
-func (r *Outboxmill) storePosition(ctx context.Context, prev position, rows []row) (position, error) {
-	next := rows[len(rows)-1].pos
+// storePosition sets aside the invalid rows and moves the position from
+// prev to next, in one transaction. The update is compare-and-set on prev.
+func (r *Outboxmill) storePosition(ctx context.Context, prev, next position, invalid []row) error {
 	tx, err := r.db.BeginTxx(ctx, nil)
 	if err != nil {
-		return prev, fmt.Errorf("store relay position: %w", err)
+		return fmt.Errorf("store relay position: %w", err)
 	}
 	defer tx.Rollback()
-	for _, x := range rows {
-		if x.invalid == "" {
-			continue
-		}
+	for _, x := range invalid {
 		if err := SetAsideRow(ctx, tx, r.config.Outbox.Topic, x.uuid, x.raw, x.invalid); err != nil {
-			return prev, err
+			return err
 		}
 		r.logger.Warn("outbox row set aside", "message_id", x.uuid, "reason", x.invalid)
 	}
@@ -511,17 +421,17 @@ func (r *Outboxmill) storePosition(ctx context.Context, prev position, rows []ro
 		WHERE consumer_group = $3 AND last_processed_transaction_id = $4::xid8 AND offset_acked = $5`,
 		next.txID, next.offset, r.config.ConsumerGroup, prev.txID, prev.offset)
 	if err != nil {
-		return prev, fmt.Errorf("store relay position: %w", err)
+		return fmt.Errorf("store relay position: %w", err)
 	}
 	if n, err := res.RowsAffected(); err != nil {
-		return prev, fmt.Errorf("store relay position: %w", err)
+		return fmt.Errorf("store relay position: %w", err)
 	} else if n != 1 {
-		return prev, errPositionMoved
+		return errPositionMoved
 	}
 	if err := tx.Commit(); err != nil {
-		return prev, fmt.Errorf("store relay position: commit: %w", err)
+		return fmt.Errorf("store relay position: commit: %w", err)
 	}
-	return next, nil
+	return nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

@@ -200,35 +200,95 @@ func (f *fixture) expectOnly(d <-chan amqp.Delivery, want []string) {
 
 func TestOutboxmill_DeliversEveryEventOnceInAggregateOrder(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
-	d := f.bindQueue("#")
-	const aggregates, versions = 20, 30
-	var wg sync.WaitGroup
-	for a := range aggregates {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for v := 1; v <= versions; v++ {
-				f.commit(fmt.Sprintf("agg-%d", a), v)
+	for _, tc := range []struct {
+		name                string
+		batchSize, inFlight int
+	}{
+		{"window smaller than a batch", 37, 8},
+		{"window spanning batches", 7, 64},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			d := f.bindQueue("#")
+			const aggregates, versions = 20, 30
+			var wg sync.WaitGroup
+			for a := range aggregates {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for v := 1; v <= versions; v++ {
+						f.commit(fmt.Sprintf("agg-%d", a), v)
+					}
+				}()
 			}
-		}()
+			cfg := f.config()
+			cfg.BatchSize, cfg.InFlight = tc.batchSize, tc.inFlight
+			f.start(cfg)
+			wg.Wait()
+			got := receive(t, d, aggregates*versions, time.Minute)
+			seen := map[string]bool{}
+			last := map[string]int{}
+			for _, g := range got {
+				if seen[g.id] {
+					t.Fatalf("event %s delivered twice", g.id)
+				}
+				seen[g.id] = true
+				if g.version != last[g.aggregate]+1 {
+					t.Fatalf("aggregate %s: version %d delivered after %d", g.aggregate, g.version, last[g.aggregate])
+				}
+				last[g.aggregate] = g.version
+			}
+		})
+	}
+}
+
+// A return in the middle of a stream that spans batches: the rows before it
+// stay forwarded, the returned row and every row after it are published
+// again until the returned one is routed, and each aggregate's versions
+// first arrive in order.
+func TestOutboxmill_ReturnMidStreamResendsFromTheReturnedRow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const routed = "routed"
+	unroutable := "unroutable"
+	for i := 0; outbox.Shard(unroutable) == outbox.Shard(routed); i++ {
+		unroutable = fmt.Sprintf("unroutable-%d", i)
+	}
+	qa := f.bindQueue(outbox.RoutingKey(domain.EventOrderPaid, routed))
+	for v := 1; v <= 5; v++ {
+		f.commit(routed, v)
+	}
+	blocked := f.commit(unroutable, 1)
+	for v := 6; v <= 10; v++ {
+		f.commit(routed, v)
 	}
 	cfg := f.config()
-	cfg.BatchSize, cfg.InFlight = 37, 8 // many batches, windows smaller than a batch
+	cfg.BatchSize, cfg.InFlight = 2, 64
+	failures := &countingMetrics{}
+	cfg.Metrics = failures
 	f.start(cfg)
-	wg.Wait()
-	got := receive(t, d, aggregates*versions, time.Minute)
-	seen := map[string]bool{}
-	last := map[string]int{}
-	for _, g := range got {
-		if seen[g.id] {
-			t.Fatalf("event %s delivered twice", g.id)
+	waitFor(t, 30*time.Second, "a returned publish", func() bool { return failures.failed() > 0 })
+	qb := f.bindQueue(outbox.RoutingKey(domain.EventOrderPaid, unroutable))
+	if got := receive(t, qb, 1, 30*time.Second); got[0].id != blocked.ID {
+		t.Fatalf("got %+v, want %s", got, blocked.ID)
+	}
+	f.commit(routed, 11)
+	first := []int{}
+	seen := map[int]bool{}
+	for !seen[11] {
+		g := receive(t, qa, 1, 30*time.Second)[0]
+		if !seen[g.version] {
+			seen[g.version] = true
+			first = append(first, g.version)
+		} else if g.version <= 5 {
+			t.Fatalf("version %d, confirmed before the return, was published again", g.version)
 		}
-		seen[g.id] = true
-		if g.version != last[g.aggregate]+1 {
-			t.Fatalf("aggregate %s: version %d delivered after %d", g.aggregate, g.version, last[g.aggregate])
+	}
+	for i, v := range first {
+		if v != i+1 {
+			t.Fatalf("versions first arrived in the order %v, want 1..11", first)
 		}
-		last[g.aggregate] = g.version
 	}
 }
 

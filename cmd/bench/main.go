@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -51,6 +52,7 @@ func run(args []string) int {
 	amqpURL := fs.String("amqp-url", servers.AMQPURL, "RabbitMQ URL (env AMQP_URL)")
 	logLevel := fs.String("log-level", "info", "level of the components' log, written to OUT/bench.log (debug, info, warn, error)")
 	readme := fs.String("readme", "", "when set, replace the benchmark results between the bench markers of this README with this run's")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (the bench, its relays and consumers, not the servers) to this file, for go tool pprof")
 	render := fs.String("render", "", "render the report in this bench.json again (table, chart, -readme) instead of running")
 	if ok, code := cli.Parse(fs, args, os.Stderr); !ok {
 		return code
@@ -109,6 +111,20 @@ func run(args []string) int {
 
 	if *render != "" {
 		return renderAgain(*render, *out, *readme)
+	}
+
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: -cpuprofile: %v\n", err)
+			return 2
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: -cpuprofile: %v\n", err)
+			return 2
+		}
+		defer pprof.StopCPUProfile()
 	}
 
 	ctx, cancel := cli.SignalContext()
