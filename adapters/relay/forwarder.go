@@ -53,6 +53,11 @@ type Config struct {
 	// RetryInterval (outboxmill) is the first wait after a failure; it
 	// doubles up to 5 s. Default 500 ms.
 	RetryInterval time.Duration
+	// PositionInterval (outboxmill) is the least time between two updates
+	// of the stored position: rows confirmed meanwhile are marked by the
+	// next update together. Publishing never waits for it; a crash re-sends
+	// at most this long's worth of confirmed rows more. Default 20 ms.
+	PositionInterval time.Duration
 	// ConfirmTimeout (outboxmill) bounds the wait for one broker confirm.
 	// Default 30 s.
 	ConfirmTimeout time.Duration
@@ -95,6 +100,9 @@ func (c *Config) setDefaults() {
 	if c.ConfirmTimeout == 0 {
 		c.ConfirmTimeout = 30 * time.Second
 	}
+	if c.PositionInterval == 0 {
+		c.PositionInterval = 20 * time.Millisecond
+	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = 30 * time.Second
 	}
@@ -125,7 +133,7 @@ func (c Config) Validate() error {
 	if c.BatchSize < 1 || c.InFlight < 1 {
 		errs = append(errs, errors.New("relay: BatchSize and InFlight must be at least 1"))
 	}
-	if c.StandbyInterval < 0 || c.RetryInterval <= 0 || c.ConfirmTimeout <= 0 || c.CloseTimeout <= 0 {
+	if c.StandbyInterval < 0 || c.PositionInterval < 0 || c.RetryInterval <= 0 || c.ConfirmTimeout <= 0 || c.CloseTimeout <= 0 {
 		errs = append(errs, errors.New("relay: intervals and timeouts must be positive"))
 	}
 	return errors.Join(errs...)

@@ -226,10 +226,11 @@ type settledRows struct {
 }
 
 // positionWriter stores the relay position behind the stream, off the
-// publishing path: each store moves the position past every row settled
-// since the previous store (coalescing the batches that settled meanwhile),
+// publishing path: each update moves the position past every row settled
+// since the previous one (coalescing the batches that settled meanwhile),
 // with a compare-and-set on the position it stored before, and sets aside
-// the invalid rows among them in the same transaction.
+// the invalid rows among them in the same transaction. Updates are at least
+// Config.PositionInterval apart; on close, what is pending is stored at once.
 type positionWriter struct {
 	r     *Outboxmill
 	pos   position
@@ -264,44 +265,57 @@ func (w *positionWriter) close() error {
 func (w *positionWriter) run() {
 	defer close(w.done)
 	failed := false
-	for first := range w.queue {
-		pending := []settledRows{first}
-	gather:
-		for {
+	var pending []settledRows
+	var earliest <-chan time.Time // the next update may not start before it fires
+	closing := false
+	for !closing || len(pending) > 0 {
+		if len(pending) == 0 || earliest != nil && !closing {
 			select {
-			case more, ok := <-w.queue:
+			case rows, ok := <-w.queue:
 				if !ok {
-					break gather
+					closing = true
+					continue
 				}
-				pending = append(pending, more)
-			default:
-				break gather
+				pending = append(pending, rows)
+			case <-earliest:
+				earliest = nil
 			}
-		}
-		if failed {
 			continue
 		}
-		var invalid []row
-		n := 0
-		for _, p := range pending {
-			n += len(p.rows)
-			for _, x := range p.rows {
-				if x.invalid != "" {
-					invalid = append(invalid, x)
-				}
+		if !failed {
+			if err := w.store(pending); err != nil {
+				failed = true
+				w.errc <- err
 			}
 		}
-		last := pending[len(pending)-1].rows
-		next := last[len(last)-1].pos
-		ctx, cancel := context.WithTimeout(context.Background(), w.r.config.ConfirmTimeout)
-		err := w.r.storePosition(ctx, w.pos, next, invalid)
-		cancel()
-		if err != nil {
-			failed = true
-			w.errc <- err
-			continue
+		pending = nil
+		if w.r.config.PositionInterval > 0 {
+			earliest = time.After(w.r.config.PositionInterval)
 		}
-		w.pos = next
-		w.r.config.Metrics.Published(n, time.Since(pending[0].started))
 	}
+}
+
+// store moves the position past every row of pending, setting aside the
+// invalid ones, in one transaction.
+func (w *positionWriter) store(pending []settledRows) error {
+	var invalid []row
+	n := 0
+	for _, p := range pending {
+		n += len(p.rows)
+		for _, x := range p.rows {
+			if x.invalid != "" {
+				invalid = append(invalid, x)
+			}
+		}
+	}
+	last := pending[len(pending)-1].rows
+	next := last[len(last)-1].pos
+	ctx, cancel := context.WithTimeout(context.Background(), w.r.config.ConfirmTimeout)
+	defer cancel()
+	if err := w.r.storePosition(ctx, w.pos, next, invalid); err != nil {
+		return err
+	}
+	w.pos = next
+	w.r.config.Metrics.Published(n, time.Since(pending[0].started))
+	return nil
 }
