@@ -259,8 +259,20 @@ type batch struct {
 // open transaction, for a delay growing from MinPollInterval.
 func (r *Outboxmill) readAhead(ctx context.Context, from position, out chan<- batch) {
 	delay := r.config.MinPollInterval
+	var lastRead time.Time
+	full := true // the first read is not held back
 	for {
+		// While rows trickle in, reads are at least ReadInterval apart, so
+		// that a stream of commits, each waking the relay, costs one read
+		// per interval rather than one per commit.
+		if wait := r.config.ReadInterval - time.Since(lastRead); !full && wait > 0 {
+			if !sleepCtx(ctx, wait) {
+				return
+			}
+		}
+		lastRead = time.Now()
 		rows, pending, err := r.readBatch(ctx, from)
+		full = len(rows) == r.config.BatchSize
 		if err == nil && len(rows) == 0 {
 			wait := r.config.PollInterval
 			if pending {

@@ -344,6 +344,41 @@ func TestOutboxmill_RetriesUnroutableUntilRouted(t *testing.T) {
 	}
 }
 
+// Rows confirmed while a position update waits for PositionInterval are
+// marked together by the next update, and the last update leaves the
+// position on the last row.
+func TestOutboxmill_CoalescesPositionUpdates(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	d := f.bindQueue("#")
+	cfg := f.config()
+	cfg.PositionInterval = 300 * time.Millisecond
+	m := &countingMetrics{}
+	cfg.Metrics = m
+	f.start(cfg)
+	const n = 30
+	for v := 1; v <= n; v++ {
+		f.commit("agg", v)
+		receive(t, d, 1, 30*time.Second) // one event per batch
+	}
+	waitFor(t, 30*time.Second, "every row marked", func() bool { _, rows := m.published(); return rows == n })
+	if updates, _ := m.published(); updates > n/2 {
+		t.Fatalf("%d position updates for %d rows published one by one: not coalesced", updates, n)
+	}
+	var stored, last string
+	if err := f.db.QueryRow(`SELECT last_processed_transaction_id::text || '/' || offset_acked FROM `+
+		outbox.DefaultConfig().OffsetsTable()+` WHERE consumer_group = $1`, relay.DefaultConsumerGroup).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.db.QueryRow(`SELECT transaction_id::text || '/' || "offset" FROM ` + outbox.DefaultConfig().Table() +
+		` ORDER BY transaction_id DESC, "offset" DESC LIMIT 1`).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	if stored != last {
+		t.Fatalf("stored position %s, want the last row %s", stored, last)
+	}
+}
+
 func TestOutboxmill_SetsAsideUndecodableRows(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -422,11 +457,25 @@ func TestOutboxmill_WakeAndNotifyDeliverWithoutPolling(t *testing.T) {
 }
 
 type countingMetrics struct {
-	mu    sync.Mutex
-	fails int
+	mu      sync.Mutex
+	fails   int
+	updates int // position updates
+	rows    int // rows the updates covered
 }
 
-func (m *countingMetrics) Published(int, time.Duration) {}
+func (m *countingMetrics) Published(rows int, _ time.Duration) {
+	m.mu.Lock()
+	m.updates++
+	m.rows += rows
+	m.mu.Unlock()
+}
+
+func (m *countingMetrics) published() (updates, rows int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.updates, m.rows
+}
+
 func (m *countingMetrics) PublishFailed(error) {
 	m.mu.Lock()
 	m.fails++

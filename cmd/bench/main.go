@@ -158,7 +158,10 @@ func run(args []string) int {
 		fmt.Println("note: " + n)
 	}
 	fmt.Printf("\nwritten to %s: bench.json, table.txt, table.md, latency.svg, bench.log\n", *out)
-	if *readme != "" && err == nil {
+	switch {
+	case *readme != "" && !report.OK:
+		fmt.Fprintf(os.Stderr, "bench: %s left as it was: this run lost or doubled events\n", *readme)
+	case *readme != "" && err == nil:
 		if rerr := updateReadme(*readme, report); rerr != nil {
 			fmt.Fprintf(os.Stderr, "bench: %v\n", rerr)
 			return 2

@@ -2,10 +2,12 @@ package bench
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -333,6 +335,9 @@ func (r *runner) measurePipeline(ctx context.Context, v variant) error {
 	verdict := "ok"
 	if !in.OK() {
 		verdict = fmt.Sprintf("LOST %d, DOUBLED %d, GHOSTS %d (%v)", in.Lost, in.Doubled, in.Ghosts, in.Examples)
+		if !v.naive {
+			r.progress("check  %-24s where the lost events are: %s", v.label, r.locateLost(ctx, p, in))
+		}
 	}
 	r.progress("check  %-24s committed %d, handled %d, redelivered %d: %s", v.label, in.Committed, in.Handled, in.Redelivered, verdict)
 	return nil
@@ -646,4 +651,35 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// locateLost says, for the lost events among in's examples, where the
+// pipeline left them: whether the outbox holds the event and whether the
+// relay's stored position is past it. It is a diagnosis for the progress
+// output; errors are reported in its text.
+func (r *runner) locateLost(ctx context.Context, p *pipeline, in Integrity) string {
+	box := outbox.DefaultConfig()
+	positions, err := outbox.Positions(ctx, p.work.ordersDB, box)
+	if err != nil {
+		return err.Error()
+	}
+	var parts []string
+	for _, ex := range in.Examples {
+		id, ok := strings.CutPrefix(ex, "lost ")
+		if !ok {
+			continue
+		}
+		var tx string
+		var off int64
+		err := p.work.ordersDB.QueryRowContext(ctx, `SELECT m.transaction_id::text, m."offset" FROM `+box.Table()+` m WHERE `+outbox.EventIDSQL+` = $1`, id).Scan(&tx, &off)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			parts = append(parts, id+": not in the outbox")
+		case err != nil:
+			parts = append(parts, id+": "+err.Error())
+		default:
+			parts = append(parts, fmt.Sprintf("%s: outbox row (%s, %d), relay positions %+v", id, tx, off, positions))
+		}
+	}
+	return strings.Join(parts, "; ")
 }
