@@ -4,16 +4,18 @@
 // the other by configuration (New with KindOutboxmill or KindWatermill):
 //
 //   - Outboxmill (the default) reads batches by an index range scan,
-//     publishes each batch on one channel with many broker confirms in flight,
-//     stores its position once per confirmed batch, is woken on commit (in
-//     process, or by a PostgreSQL notification sent after commit), and keeps a
-//     single active instance through an advisory lock;
+//     publishes them as one stream on one channel with many broker confirms
+//     in flight, stores its position from a separate goroutine past every
+//     wholly confirmed batch, is woken on commit (in process, or by a
+//     PostgreSQL notification sent after commit), and keeps a single active
+//     instance through an advisory lock;
 //   - Forwarder is Watermill's own forwarder (components/forwarder) over
 //     watermill-sql's subscriber, publishing one message at a time and waiting
 //     for each confirm.
 //
 // Both publish, wait for the broker's confirm, and only then move the
-// position: a crash re-sends at most the unconfirmed rows. Both set aside a
+// position: a crash re-sends at most the rows whose position was not stored
+// yet. Both set aside a
 // row that is not a valid envelope (table outbox_set_aside) instead of
 // blocking the rows behind it. docs/relay.md explains the design and its
 // trade-offs.
