@@ -205,6 +205,7 @@ func (r *Outboxmill) lead(ctx context.Context) (err error) {
 	// What has been published is settled even when the relay is stopped,
 	// so that what the broker confirmed is recorded and not sent again.
 	work := context.WithoutCancel(ctx)
+	lockChecked := time.Now()
 	s := newStream(r, ch, returns, pos)
 	defer func() { err = errors.Join(err, s.close()) }()
 	for {
@@ -238,8 +239,15 @@ func (r *Outboxmill) lead(ctx context.Context) (err error) {
 		if b.err != nil {
 			return errors.Join(b.err, s.flush(work))
 		}
-		if err := lockConn.PingContext(ctx); err != nil {
-			return errors.Join(fmt.Errorf("relay lock connection lost: %w", err), s.flush(work))
+		// The lock lives as long as its session: a relay whose lock
+		// connection is gone stops within a standby interval, the time a
+		// standby needs to take over (until then its publishes are
+		// duplicates at worst: the position update is compare-and-set).
+		if time.Since(lockChecked) >= r.config.StandbyInterval {
+			if err := lockConn.PingContext(ctx); err != nil {
+				return errors.Join(fmt.Errorf("relay lock connection lost: %w", err), s.flush(work))
+			}
+			lockChecked = time.Now()
 		}
 		if err := s.publish(work, b.rows); err != nil {
 			return err
