@@ -315,6 +315,8 @@ func (w *positionWriter) store(pending []settledRows) error {
 	if err := w.r.storePosition(ctx, w.pos, next, invalid); err != nil {
 		return err
 	}
+	w.r.logger.Debug("relay position stored", "rows", n, "from_tx", w.pos.txID, "from_offset", w.pos.offset,
+		"to_tx", next.txID, "to_offset", next.offset)
 	w.pos = next
 	w.r.config.Metrics.Published(n, time.Since(pending[0].started))
 	return nil
