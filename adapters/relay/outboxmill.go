@@ -225,7 +225,7 @@ func (r *Outboxmill) lead(ctx context.Context) (err error) {
 			case <-ctx.Done():
 				return errors.Join(ctx.Err(), s.flush(work))
 			case err := <-closed:
-				return s.fail(work, fmt.Errorf("broker channel closed: %v", err))
+				return s.fail(fmt.Errorf("broker channel closed: %v", err))
 			case err := <-s.storeFailed():
 				return err
 			case <-s.oldestDone():

@@ -22,7 +22,8 @@ import (
 // come, ends the stream: the position is stored up to the row before it, and
 // the rows after it, already published or not, are published again by the
 // next stream. A crash re-sends at most the rows published since the last
-// stored batch: the unconfirmed window and the batch it belongs to.
+// stored position: those awaiting a confirm and those the position writer
+// has not stored yet.
 type stream struct {
 	r        *Outboxmill
 	ch       *amqp.Channel
@@ -76,19 +77,19 @@ func (s *stream) publish(ctx context.Context, rows []row) error {
 		}
 		pub, err := rabbitmq.Marshaler{}.Marshal(x.msg)
 		if err != nil {
-			return s.fail(ctx, fmt.Errorf("marshal event %s: %w", x.msg.UUID, err))
+			return s.fail(fmt.Errorf("marshal event %s: %w", x.msg.UUID, err))
 		}
 		b.confirms[i], err = s.ch.PublishWithDeferredConfirmWithContext(ctx, s.r.config.Exchange, x.topic,
 			s.r.config.RequireRoute(x.topic), false, pub)
 		if err != nil {
-			return s.fail(ctx, fmt.Errorf("publish event %s: %w", x.msg.UUID, err))
+			return s.fail(fmt.Errorf("publish event %s: %w", x.msg.UUID, err))
 		}
 		b.sent++
 		s.outstanding++
 	}
 	// A batch of invalid rows only, or one whose rows all settled while it
 	// was published, is stored at once.
-	return s.storeSettled(ctx)
+	return s.storeSettled()
 }
 
 // flush waits for every outstanding confirm and stores the position of
@@ -99,7 +100,7 @@ func (s *stream) flush(ctx context.Context) error {
 			return err
 		}
 	}
-	return s.storeSettled(ctx)
+	return s.storeSettled()
 }
 
 // idle reports whether nothing awaits a confirm or a position update.
@@ -126,21 +127,21 @@ func (s *stream) settleOne(ctx context.Context) error {
 	acked, err := s.r.waitConfirm(ctx, b.confirms[i])
 	s.outstanding--
 	if err != nil {
-		return s.fail(ctx, err)
+		return s.fail(err)
 	}
 	if !acked {
-		return s.fail(ctx, fmt.Errorf("broker nacked event %s", x.msg.UUID))
+		return s.fail(fmt.Errorf("broker nacked event %s", x.msg.UUID))
 	}
 	// A return for a mandatory message is dispatched before its confirm,
 	// so it is queued by now if there is one.
 	s.drainReturns()
 	if reason, ok := s.returned[x.msg.UUID]; ok {
 		delete(s.returned, x.msg.UUID)
-		return s.fail(ctx, fmt.Errorf("event %s returned by the broker: %s", x.msg.UUID, reason))
+		return s.fail(fmt.Errorf("event %s returned by the broker: %s", x.msg.UUID, reason))
 	}
 	b.settled = i + 1
 	s.skipInvalid(b)
-	return s.storeSettled(ctx)
+	return s.storeSettled()
 }
 
 // oldestUnsettled returns the first published row not yet confirmed,
@@ -168,7 +169,7 @@ func (s *stream) skipInvalid(b *openBatch) {
 
 // storeSettled hands the leading batches that are wholly settled to the
 // position writer, in order.
-func (s *stream) storeSettled(context.Context) error {
+func (s *stream) storeSettled() error {
 	for len(s.open) > 0 {
 		b := s.open[0]
 		s.skipInvalid(b)
@@ -188,7 +189,7 @@ func (s *stream) storeSettled(context.Context) error {
 
 // fail hands the rows settled before the failure to the position writer
 // and returns cause.
-func (s *stream) fail(_ context.Context, cause error) error {
+func (s *stream) fail(cause error) error {
 	s.r.config.Metrics.PublishFailed(cause)
 	if len(s.open) == 0 {
 		return cause
