@@ -115,28 +115,25 @@ func (e *env) adminExec(ctx context.Context, sql string) error {
 // ordersDatabase creates a database holding the orders tables and the
 // outbox, and opens a pool of maxConns on it.
 func (e *env) ordersDatabase(ctx context.Context, purpose string, maxConns int) (*database, *sqlx.DB, error) {
-	d, err := e.createDatabase(ctx, purpose, "")
-	if err != nil {
-		return nil, nil, err
-	}
-	db, err := postgres.Open(ctx, d.url, maxConns)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := postgres.Migrate(ctx, db, "orders", postgres.OrdersMigrations()); err != nil {
-		db.Close()
-		return nil, nil, err
-	}
-	if err := outbox.Initialize(ctx, db, outbox.DefaultConfig()); err != nil {
-		db.Close()
-		return nil, nil, err
-	}
-	return d, db, nil
+	return e.migratedDatabase(ctx, purpose, maxConns, func(db *sqlx.DB) error {
+		if err := postgres.Migrate(ctx, db, "orders", postgres.OrdersMigrations()); err != nil {
+			return err
+		}
+		return outbox.Initialize(ctx, db, outbox.DefaultConfig())
+	})
 }
 
 // settlementDatabase creates a database holding the settlement tables and
 // opens a pool of maxConns on it.
 func (e *env) settlementDatabase(ctx context.Context, purpose string, maxConns int) (*database, *sqlx.DB, error) {
+	return e.migratedDatabase(ctx, purpose, maxConns, func(db *sqlx.DB) error {
+		return postgres.Migrate(ctx, db, "settlement", postgres.SettlementMigrations())
+	})
+}
+
+// migratedDatabase creates a database, opens a pool of maxConns on it and
+// runs migrate on it.
+func (e *env) migratedDatabase(ctx context.Context, purpose string, maxConns int, migrate func(*sqlx.DB) error) (*database, *sqlx.DB, error) {
 	d, err := e.createDatabase(ctx, purpose, "")
 	if err != nil {
 		return nil, nil, err
@@ -145,7 +142,7 @@ func (e *env) settlementDatabase(ctx context.Context, purpose string, maxConns i
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := postgres.Migrate(ctx, db, "settlement", postgres.SettlementMigrations()); err != nil {
+	if err := migrate(db); err != nil {
 		db.Close()
 		return nil, nil, err
 	}

@@ -118,19 +118,19 @@ func (r *runner) measureCommitLimits(ctx context.Context) error {
 	return nil
 }
 
-// sampleMessage is a typical message as the relay publishes it, and its
-// routing key.
-func sampleMessage() (amqp.Publishing, string, error) {
+// sampleMessage is the OrderPaid event of a new order, as the relay
+// publishes it: the event's ID, the message and its routing key.
+func sampleMessage() (string, amqp.Publishing, string, error) {
 	_, ev, err := newPaidOrder(time.Now())
 	if err != nil {
-		return amqp.Publishing{}, "", err
+		return "", amqp.Publishing{}, "", err
 	}
 	msg, err := outbox.Encode(ev)
 	if err != nil {
-		return amqp.Publishing{}, "", err
+		return "", amqp.Publishing{}, "", err
 	}
 	pub, err := rabbitmq.Marshaler{}.Marshal(msg)
-	return pub, outbox.RoutingKey(ev.Type, ev.AggregateID), err
+	return ev.ID, pub, outbox.RoutingKey(ev.Type, ev.AggregateID), err
 }
 
 func (r *runner) measureBrokerLimits(ctx context.Context) error {
@@ -144,7 +144,7 @@ func (r *runner) measureBrokerLimits(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
-	pub, key, err := sampleMessage()
+	_, pub, key, err := sampleMessage()
 	if err != nil {
 		return err
 	}
@@ -219,23 +219,15 @@ func (r *runner) measureSettleLimit(ctx context.Context) error {
 	pending := make([]*amqp.DeferredConfirmation, 0, r.cfg.ConfirmWindow)
 	for i := 0; i < r.cfg.SettleMessages || len(pending) > 0; {
 		if i < r.cfg.SettleMessages && len(pending) < r.cfg.ConfirmWindow {
-			_, ev, err := newPaidOrder(time.Now())
+			id, pub, key, err := sampleMessage()
 			if err != nil {
 				return err
 			}
-			msg, err := outbox.Encode(ev)
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, names.Exchange(), key, false, false, pub)
 			if err != nil {
 				return err
 			}
-			pub, err := rabbitmq.Marshaler{}.Marshal(msg)
-			if err != nil {
-				return err
-			}
-			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, names.Exchange(), outbox.RoutingKey(ev.Type, ev.AggregateID), false, false, pub)
-			if err != nil {
-				return err
-			}
-			tr.commit(ev.ID, time.Now())
+			tr.commit(id, time.Now())
 			pending = append(pending, dc)
 			i++
 			continue

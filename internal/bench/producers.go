@@ -93,6 +93,29 @@ type flatOutResult struct {
 // Rate returns the commits per second.
 func (r flatOutResult) Rate() float64 { return float64(r.Committed) / r.Window.Seconds() }
 
+// runError keeps the first error of a run's writers that is not a
+// cancellation, and stops the other writers.
+type runError struct {
+	mu     sync.Mutex
+	err    error
+	cancel context.CancelFunc
+}
+
+func (e *runError) set(err error) {
+	e.mu.Lock()
+	if e.err == nil && !errors.Is(err, context.Canceled) {
+		e.err = err
+	}
+	e.mu.Unlock()
+	e.cancel()
+}
+
+func (e *runError) get() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.err
+}
+
 // flatOut runs one writer per unit, each committing as fast as it can for
 // window, and records every commit in tr when tr is not nil. When hold is not
 // nil and returns true, a writer waits instead of committing.
@@ -105,9 +128,9 @@ func flatOut(ctx context.Context, units []unitOfWork, window time.Duration, tr *
 		mu        sync.Mutex
 		committed int64
 		held      time.Duration
-		firstErr  error
 		wg        sync.WaitGroup
 	)
+	failed := &runError{cancel: cancel}
 	for _, unit := range units {
 		wg.Add(1)
 		go func() {
@@ -129,12 +152,7 @@ func flatOut(ctx context.Context, units []unitOfWork, window time.Duration, tr *
 				}
 				id, at, err := unit(ctx)
 				if err != nil {
-					mu.Lock()
-					if firstErr == nil && !errors.Is(err, context.Canceled) {
-						firstErr = err
-					}
-					mu.Unlock()
-					cancel()
+					failed.set(err)
 					return
 				}
 				if tr != nil {
@@ -147,8 +165,8 @@ func flatOut(ctx context.Context, units []unitOfWork, window time.Duration, tr *
 		}()
 	}
 	wg.Wait()
-	if firstErr != nil {
-		return flatOutResult{}, firstErr
+	if err := failed.get(); err != nil {
+		return flatOutResult{}, err
 	}
 	if err := ctx.Err(); err != nil && time.Now().Before(deadline) {
 		return flatOutResult{}, err
@@ -203,9 +221,9 @@ func paced(ctx context.Context, units []unitOfWork, rate int, warmup, window tim
 		mu       sync.Mutex
 		measured []string
 		count    int
-		firstErr error
 		wg       sync.WaitGroup
 	)
+	failed := &runError{cancel: cancel}
 	measureFrom := start.Add(warmup)
 	for _, unit := range units {
 		wg.Add(1)
@@ -214,12 +232,7 @@ func paced(ctx context.Context, units []unitOfWork, rate int, warmup, window tim
 			for range tokens {
 				id, at, err := unit(ctx)
 				if err != nil {
-					mu.Lock()
-					if firstErr == nil && !errors.Is(err, context.Canceled) {
-						firstErr = err
-					}
-					mu.Unlock()
-					cancel()
+					failed.set(err)
 					return
 				}
 				tr.commit(id, at)
@@ -233,8 +246,8 @@ func paced(ctx context.Context, units []unitOfWork, rate int, warmup, window tim
 		}()
 	}
 	wg.Wait()
-	if firstErr != nil {
-		return pacedResult{}, firstErr
+	if err := failed.get(); err != nil {
+		return pacedResult{}, err
 	}
 	if err := ctx.Err(); err != nil {
 		return pacedResult{}, err

@@ -217,6 +217,17 @@ func (o *options) settlementDB(ctx context.Context) (*sqlx.DB, error) {
 	return o.open(ctx, "settlement", o.settlementURL)
 }
 
+// bothDBs opens the orders and the settlement databases.
+func (o *options) bothDBs(ctx context.Context) (orders, settlement *sqlx.DB, err error) {
+	if orders, err = o.ordersDB(ctx); err != nil {
+		return nil, nil, err
+	}
+	if settlement, err = o.settlementDB(ctx); err != nil {
+		return nil, nil, err
+	}
+	return orders, settlement, nil
+}
+
 func (o *options) open(ctx context.Context, which, url string) (*sqlx.DB, error) {
 	if url == "" {
 		return nil, usagef("empty %s database URL", which)

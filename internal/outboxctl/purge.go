@@ -36,11 +36,7 @@ func purge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	policy.Logger = o.logger
 	defer o.close()
-	odb, err := o.ordersDB(ctx)
-	if err != nil {
-		return err
-	}
-	sdb, err := o.settlementDB(ctx)
+	odb, sdb, err := o.bothDBs(ctx)
 	if err != nil {
 		return err
 	}

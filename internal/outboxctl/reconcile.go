@@ -21,11 +21,7 @@ func reconcileCmd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return usagef("--older-than must not be negative")
 	}
 	defer o.close()
-	odb, err := o.ordersDB(ctx)
-	if err != nil {
-		return err
-	}
-	sdb, err := o.settlementDB(ctx)
+	odb, sdb, err := o.bothDBs(ctx)
 	if err != nil {
 		return err
 	}

@@ -56,11 +56,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return usagef("--stuck-after must not be negative")
 	}
 	defer o.close()
-	odb, err := o.ordersDB(ctx)
-	if err != nil {
-		return err
-	}
-	sdb, err := o.settlementDB(ctx)
+	odb, sdb, err := o.bothDBs(ctx)
 	if err != nil {
 		return err
 	}
