@@ -398,6 +398,46 @@ func TestOutboxmill_SetsAsideUndecodableRows(t *testing.T) {
 	})
 }
 
+// A position moved by someone else (another relay that took over, an
+// operator) makes the relay's next compare-and-set fail: it starts again
+// from the position now stored instead of overwriting it.
+func TestOutboxmill_RestartsWhenThePositionMoves(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	d := f.bindQueue("#")
+	m := &countingMetrics{}
+	cfg := f.config()
+	cfg.Metrics = m
+	f.start(cfg)
+	f.commit("agg", 1)
+	receive(t, d, 1, 30*time.Second)
+	waitFor(t, 30*time.Second, "the first position update", func() bool { _, rows := m.published(); return rows == 1 })
+	offsets := outbox.DefaultConfig().OffsetsTable()
+	if _, err := f.db.Exec(`UPDATE `+offsets+` SET offset_acked = offset_acked + 1000 WHERE consumer_group = $1`,
+		relay.DefaultConsumerGroup); err != nil {
+		t.Fatal(err)
+	}
+	ev := f.commit("agg", 2)
+	// Published once before the failed update, and once more by the relay
+	// that started again from the moved position.
+	got := receive(t, d, 2, 30*time.Second)
+	if got[0].id != ev.ID || got[1].id != ev.ID {
+		t.Fatalf("got %+v, want %s twice", got, ev.ID)
+	}
+	waitFor(t, 30*time.Second, "the position stored past the event", func() bool {
+		var stored, last string
+		if err := f.db.QueryRow(`SELECT last_processed_transaction_id::text || '/' || offset_acked FROM `+offsets+
+			` WHERE consumer_group = $1`, relay.DefaultConsumerGroup).Scan(&stored); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.db.QueryRow(`SELECT transaction_id::text || '/' || "offset" FROM ` + outbox.DefaultConfig().Table() +
+			` ORDER BY transaction_id DESC, "offset" DESC LIMIT 1`).Scan(&last); err != nil {
+			t.Fatal(err)
+		}
+		return stored == last
+	})
+}
+
 func TestOutboxmill_StandbyTakesOver(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
