@@ -51,11 +51,10 @@ type traffic struct {
 	cancel context.CancelFunc
 	start  time.Time
 
-	next     atomic.Int64
-	stopping atomic.Bool
-	placed   atomic.Int64
-	paid     atomic.Int64
-	retries  atomic.Int64
+	next    atomic.Int64
+	placed  atomic.Int64
+	paid    atomic.Int64
+	retries atomic.Int64
 	// lostAnswers counts calls whose earlier attempt had committed although
 	// the client saw an error (a 200 replay of a place, a 409 on a pay).
 	lostAnswers atomic.Int64
@@ -106,7 +105,7 @@ func startTraffic(t *testing.T, cfg trafficConfig) *traffic {
 }
 
 func (tr *traffic) work() {
-	for !tr.stopping.Load() && tr.ctx.Err() == nil {
+	for tr.ctx.Err() == nil {
 		n := int(tr.next.Add(1) - 1)
 		if n >= tr.cfg.Orders {
 			return
@@ -242,9 +241,6 @@ func (tr *traffic) finished() bool {
 		return false
 	}
 }
-
-// stop makes the workers start no new order; those in flight finish.
-func (tr *traffic) stop() { tr.stopping.Store(true) }
 
 // waitPaid waits until at least n orders are paid, failing t if the
 // traffic ends or fails first.
