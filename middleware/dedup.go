@@ -62,49 +62,69 @@ func (d Dedup) Validate() error {
 
 // Middleware implements the dedup behaviour around h.
 func (d Dedup) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	table := d.Table
-	if table == "" {
-		table = "processed_events"
-	}
-	insert := `INSERT INTO ` + table + ` (event_id, handler) VALUES ($1, $2) ON CONFLICT DO NOTHING`
+	insert := d.insertSQL()
 	return func(msg *message.Message) ([]*message.Message, error) {
 		if msg.UUID == "" {
 			return nil, Permanent(ErrNoEventID)
 		}
-		ctx := msg.Context()
-		tx, err := d.DB.BeginTxx(ctx, nil)
-		if err != nil {
-			return nil, fmt.Errorf("dedup: begin: %w", err)
-		}
-		defer tx.Rollback()
-
-		res, err := tx.ExecContext(ctx, insert, msg.UUID, d.Handler)
-		if err != nil {
-			return nil, fmt.Errorf("dedup: mark event %s: %w", msg.UUID, err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return nil, fmt.Errorf("dedup: mark event %s: %w", msg.UUID, err)
-		}
-		if n == 0 {
-			if d.OnDuplicate != nil {
-				d.OnDuplicate(msg)
-			}
-			return nil, nil
-		}
-
-		msg.SetContext(context.WithValue(ctx, txKey{}, tx))
-		defer msg.SetContext(ctx)
-		out, err := h(msg)
-		if err != nil {
-			return nil, err
-		}
-		if err := tx.Commit(); err != nil {
-			return nil, fmt.Errorf("dedup: commit event %s: %w", msg.UUID, err)
-		}
-		if d.OnProcessed != nil {
-			d.OnProcessed(msg)
-		}
-		return out, nil
+		return d.process(msg, h, insert)
 	}
+}
+
+func (d Dedup) table() string {
+	if d.Table == "" {
+		return "processed_events"
+	}
+	return d.Table
+}
+
+func (d Dedup) insertSQL() string {
+	return `INSERT INTO ` + d.table() + ` (event_id, handler) VALUES ($1, $2) ON CONFLICT DO NOTHING`
+}
+
+// process handles msg in a transaction of its own: marks it, runs h if the
+// mark is new, commits.
+func (d Dedup) process(msg *message.Message, h message.HandlerFunc, insert string) ([]*message.Message, error) {
+	ctx := msg.Context()
+	tx, err := d.DB.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: begin: %w", err)
+	}
+	defer tx.Rollback()
+
+	res, err := tx.ExecContext(ctx, insert, msg.UUID, d.Handler)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: mark event %s: %w", msg.UUID, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return nil, fmt.Errorf("dedup: mark event %s: %w", msg.UUID, err)
+	}
+	if n == 0 {
+		if d.OnDuplicate != nil {
+			d.OnDuplicate(msg)
+		}
+		return nil, nil
+	}
+
+	out, err := runInTx(msg, tx, h)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("dedup: commit event %s: %w", msg.UUID, err)
+	}
+	if d.OnProcessed != nil {
+		d.OnProcessed(msg)
+	}
+	return out, nil
+}
+
+// runInTx runs h with tx in msg's context (see Tx), and restores the
+// context afterwards.
+func runInTx(msg *message.Message, tx *sqlx.Tx, h message.HandlerFunc) ([]*message.Message, error) {
+	ctx := msg.Context()
+	msg.SetContext(context.WithValue(ctx, txKey{}, tx))
+	defer msg.SetContext(ctx)
+	return h(msg)
 }

@@ -28,6 +28,7 @@ type Consumer struct {
 	results *prometheus.CounterVec
 	retries *prometheus.CounterVec
 	lag     *prometheus.HistogramVec
+	groups  *prometheus.HistogramVec
 }
 
 // NewConsumer returns consumer metrics registered with reg:
@@ -35,6 +36,7 @@ type Consumer struct {
 //	outboxmill_consumer_messages_total{handler,result}   counter
 //	outboxmill_consumer_retries_total{handler}           counter
 //	outboxmill_consumer_lag_seconds{handler}             histogram
+//	outboxmill_consumer_group_size{handler}              histogram
 func NewConsumer(reg prometheus.Registerer) (*Consumer, error) {
 	results, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: "consumer", Name: "messages_total",
@@ -58,7 +60,15 @@ func NewConsumer(reg prometheus.Registerer) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{results: results, retries: retries, lag: lag}, nil
+	groups, err := register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Subsystem: "consumer", Name: "group_size",
+		Help:    "Messages per shared transaction of a handler with group commit (middleware.DedupGroup).",
+		Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+	}, []string{"handler"}))
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{results: results, retries: retries, lag: lag, groups: groups}, nil
 }
 
 // Handler returns the metrics of the handler named name, whose series start
@@ -71,6 +81,7 @@ func (c *Consumer) Handler(name string) *Handler {
 		setAside:  c.results.WithLabelValues(name, ResultSetAside),
 		retries:   c.retries.WithLabelValues(name),
 		lag:       c.lag.WithLabelValues(name),
+		groups:    c.groups.WithLabelValues(name),
 	}
 }
 
@@ -81,9 +92,10 @@ func (c *Consumer) Handler(name string) *Handler {
 //	middleware.SetAside{OnSetAside: h.SetAside}
 //	middleware.Retry{OnRetry: h.Retried}
 //	middleware.Dedup{OnDuplicate: h.Duplicate, OnProcessed: h.Processed}
+//	middleware.GroupConfig{OnGroup: h.Grouped}
 type Handler struct {
 	processed, duplicate, failed, setAside, retries prometheus.Counter
-	lag                                             prometheus.Observer
+	lag, groups                                     prometheus.Observer
 }
 
 // Processed counts a processed message and observes its end-to-end lag
@@ -103,6 +115,9 @@ func (h *Handler) SetAside(middleware.SetAsideMessage) { h.setAside.Inc() }
 
 // Retried counts a failed attempt that is retried.
 func (h *Handler) Retried(*message.Message, int, error) { h.retries.Inc() }
+
+// Grouped observes the size of a group of messages sharing a transaction.
+func (h *Handler) Grouped(size int) { h.groups.Observe(float64(size)) }
 
 // Finished counts a message the handler chain failed (so it is nacked).
 func (h *Handler) Finished(_ *message.Message, err error) {

@@ -10,13 +10,14 @@ import (
 
 func TestRun(t *testing.T) {
 	clitest.Run(t, run, []string{"QUEUE_TYPE", "LOG_LEVEL", "OUTBOXMILL_NAMESPACE"}, []clitest.Case{
-		{Name: "help", Args: []string{"-h"}, Code: 0, StderrHas: []string{"-database-url", "DATABASE_URL", "-prefetch", "-max-retries"}},
+		{Name: "help", Args: []string{"-h"}, Code: 0, StderrHas: []string{"-database-url", "DATABASE_URL", "-prefetch", "-group-commit", "-max-retries"}},
 		{Name: "positional argument", Args: []string{"consume"}, Code: 2, StderrHas: []string{`unexpected argument "consume"`}},
 		{Name: "unknown flag", Args: []string{"-relay"}, Code: 2, StderrHas: []string{"flag provided but not defined: -relay"}},
 		{Name: "malformed flag value", Args: []string{"-prefetch", "many"}, Code: 2, StderrHas: []string{"-prefetch"}},
 		{Name: "unknown queue type", Args: []string{"-queue-type", "foo"}, Code: 1, StderrHas: []string{"settlement: ", `queue type "foo"`}},
 		{Name: "unknown queue type from env", Env: map[string]string{"QUEUE_TYPE": "lazy"}, Code: 1, StderrHas: []string{`queue type "lazy"`}},
 		{Name: "negative prefetch", Args: []string{"-prefetch", "-1"}, Code: 1, StderrHas: []string{"settlement: ", "negative"}},
+		{Name: "negative group commit", Args: []string{"-group-commit", "-3"}, Code: 1, StderrHas: []string{"settlement: ", "negative"}},
 		{Name: "negative retries", Args: []string{"-max-retries", "-1"}, Code: 1, StderrHas: []string{"settlement: ", "MaxRetries"}},
 		{Name: "unknown log level from env", Env: map[string]string{"LOG_LEVEL": "loud"}, Code: 1, StderrHas: []string{`log level "loud"`}},
 		{Name: "bad namespace", Args: []string{"-namespace", "a/b"}, Code: 1, StderrHas: []string{"namespace"}},

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxmill/outboxmill/adapters/relay"
+	"github.com/outboxmill/outboxmill/services"
 )
 
 // Baselines measured beside the relay kinds.
@@ -101,6 +102,10 @@ type Config struct {
 	WakeWindow time.Duration
 	// ConsumerPrefetch is the prefetch of the settlement-style consumer.
 	ConsumerPrefetch int
+	// GroupCommit is the settlement consumer's group commit (messages of
+	// different lanes sharing a transaction) in every figure but the
+	// consumer limit measured with a transaction per event.
+	GroupCommit int
 
 	// RelayPollInterval is the poll interval given to relay.New; 0 leaves
 	// each kind's default.
@@ -152,6 +157,7 @@ func FullConfig(adminDatabaseURL, amqpURL string) Config {
 		IdleWindow:        6 * time.Second,
 		WakeWindow:        3 * time.Second,
 		ConsumerPrefetch:  64,
+		GroupCommit:       services.SettlementLanes,
 		TunedPollInterval: 10 * time.Millisecond,
 		TunedBatchSize:    1000,
 		TunedChannelPool:  4,
@@ -241,7 +247,7 @@ func (c Config) Validate() error {
 		{"consume messages", c.ConsumeMessages}, {"confirm window", c.ConfirmWindow},
 		{"consume prefetch", c.ConsumePrefetch}, {"settle messages", c.SettleMessages},
 		{"backlog", c.Backlog}, {"producers", c.Producers},
-		{"max in flight", c.MaxInFlight}, {"consumer prefetch", c.ConsumerPrefetch},
+		{"max in flight", c.MaxInFlight}, {"consumer prefetch", c.ConsumerPrefetch}, {"group commit", c.GroupCommit},
 		{"tuned batch size", c.TunedBatchSize}, {"tuned channel pool", c.TunedChannelPool},
 	} {
 		if f.value < 1 {

@@ -11,20 +11,21 @@ import (
 	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/metrics"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/handlers/settle"
-	"github.com/outboxmill/outboxmill/middleware"
 	"github.com/outboxmill/outboxmill/services"
+	"github.com/outboxmill/outboxmill/services/settlement"
 )
 
-// consumer is the settlement-style consumer, wired as the settlement
-// service wires it: one Watermill handler per lane queue (lanes run in
-// parallel, each in order), the settlement handler behind set-aside, retry,
-// recoverer and dedup in the handler's transaction. It records in a tracker
-// when each event was handled.
+// consumer is the settlement service's consumer (settlement.Lanes): one
+// Watermill handler per lane queue (lanes run in parallel, each in order),
+// the settlement handler behind set-aside, retry, recoverer and dedup in the
+// handler's transaction, shared by the lanes' messages with group commit. It
+// records in a tracker when each event was handled.
 type consumer struct {
 	router *message.Router
 	sub    *wmamqp.Subscriber
@@ -33,7 +34,7 @@ type consumer struct {
 
 // startConsumer starts consuming the lane queues of names into the
 // settlement tables of db.
-func startConsumer(ctx context.Context, db *sqlx.DB, amqpURL string, names services.Names, prefetch int, tr *tracker, logger *slog.Logger) (*consumer, error) {
+func startConsumer(ctx context.Context, db *sqlx.DB, amqpURL string, names services.Names, prefetch, groupCommit int, tr *tracker, logger *slog.Logger) (*consumer, error) {
 	wmLogger := watermill.NewSlogLogger(logger)
 	sub, err := wmamqp.NewSubscriber(rabbitmq.SubscriberConfig(amqpURL, names.Exchange(), prefetch), wmLogger)
 	if err != nil {
@@ -44,22 +45,23 @@ func startConsumer(ctx context.Context, db *sqlx.DB, amqpURL string, names servi
 		_ = sub.Close()
 		return nil, fmt.Errorf("consumer router: %w", err)
 	}
-	settler := settle.NewHandler(postgres.NewSettlementLedger(db))
-	setAside := postgres.NewSetAsideStore(db)
-	for lane := range services.SettlementLanes {
-		queue := names.SettlementQueue(lane)
-		handler := router.AddConsumerHandler(fmt.Sprintf("%s.%d", settle.HandlerName, lane), queue, sub, settler.Handle)
-		handler.AddMiddleware(
-			handledAt(tr),
-			middleware.SetAside{Store: setAside, Handler: settle.HandlerName, Topic: queue, Logger: logger}.Middleware,
-			middleware.Retry{}.Middleware,
-			middleware.Recoverer,
-			middleware.Dedup{
-				DB:          db,
-				Handler:     settle.HandlerName,
-				OnDuplicate: func(*message.Message) { tr.duplicate() },
-			}.Middleware,
-		)
+	consumerMetrics, err := metrics.NewConsumer(prometheus.NewRegistry())
+	if err != nil {
+		_ = sub.Close()
+		return nil, err
+	}
+	lanes := settlement.Lanes{
+		DB:          db,
+		Names:       names,
+		GroupCommit: groupCommit,
+		Metrics:     consumerMetrics.Handler(settle.HandlerName),
+		Wrap:        handledAt(tr),
+		OnDuplicate: func(*message.Message) { tr.duplicate() },
+		Logger:      logger,
+	}
+	if err := lanes.Add(router, sub); err != nil {
+		_ = sub.Close()
+		return nil, err
 	}
 	c := &consumer{router: router, sub: sub, done: make(chan error, 1)}
 	go func() { c.done <- router.Run(context.WithoutCancel(ctx)) }()

@@ -84,6 +84,7 @@ type Settings struct {
 	IdleWindowS      float64 `json:"idle_window_s"`
 	WakeWindowS      float64 `json:"wake_window_s"`
 	ConsumerPrefetch int     `json:"consumer_prefetch"`
+	GroupCommit      int     `json:"group_commit"`
 }
 
 func settingsOf(c Config) Settings {
@@ -93,7 +94,7 @@ func settingsOf(c Config) Settings {
 		Backlog: c.Backlog, DrainMaxS: c.DrainMax.Seconds(), Producers: c.Producers, MaxInFlight: c.MaxInFlight,
 		E2EWindowS: c.E2EWindow.Seconds(), WarmupS: c.Warmup.Seconds(), Loads: c.Loads,
 		CapacityShare: c.CapacityShare, LatencyWindowS: c.LatencyWindow.Seconds(), IdleWindowS: c.IdleWindow.Seconds(),
-		WakeWindowS: c.WakeWindow.Seconds(), ConsumerPrefetch: c.ConsumerPrefetch,
+		WakeWindowS: c.WakeWindow.Seconds(), ConsumerPrefetch: c.ConsumerPrefetch, GroupCommit: c.GroupCommit,
 	}
 }
 

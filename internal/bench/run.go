@@ -179,6 +179,10 @@ func (r *runner) finish() {
 				ref, ok := rep.find(GroupLimit, figPublishEach, "")
 				addRatio(f, "limit", "confirm each", ref, ok)
 			}
+			if f.Name == figSettle {
+				ref, ok := rep.find(GroupLimit, figSettleEach, "")
+				addRatio(f, "limit", "tx per event", ref, ok)
+			}
 		case GroupDrain:
 			ref, ok := rep.find(GroupLimit, windowName, "")
 			addRatio(f, "limit", "publish window", ref, ok)

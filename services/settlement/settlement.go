@@ -1,6 +1,7 @@
 // Package settlement assembles the settlement service: the OrderPaid consumer
-// behind the recover, set-aside, retry and dedup middleware, and the HTTP API
-// showing an order's ledger entries.
+// (Lanes: one handler per lane queue behind the recover, set-aside, retry and
+// dedup middleware, the lanes sharing transactions by group commit), and the
+// HTTP API showing an order's ledger entries.
 package settlement
 
 import (
@@ -44,6 +45,11 @@ type Config struct {
 	// Prefetch bounds the deliveries in flight to each lane's consumer;
 	// default 64.
 	Prefetch int
+	// GroupCommit is how many messages of different lanes may share one
+	// transaction (see middleware.DedupGroup); default
+	// services.SettlementLanes, one message of each lane; 1 gives each
+	// message a transaction of its own.
+	GroupCommit int
 	// Retry configures the handler's retries before a message is set aside.
 	Retry middleware.Retry
 	// MaxDBConns bounds the database connection pool; default 16.
@@ -70,6 +76,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Prefetch == 0 {
 		c.Prefetch = 64
+	}
+	if c.GroupCommit == 0 {
+		c.GroupCommit = services.SettlementLanes
 	}
 	if c.MaxDBConns == 0 {
 		c.MaxDBConns = 16
@@ -98,7 +107,7 @@ func (c Config) Validate() error {
 	if c.QueueType != rabbitmq.QueueClassic && c.QueueType != rabbitmq.QueueQuorum {
 		errs = append(errs, fmt.Errorf("queue type %q is neither %s nor %s", c.QueueType, rabbitmq.QueueClassic, rabbitmq.QueueQuorum))
 	}
-	if c.Prefetch < 0 || c.MaxDBConns < 0 || c.ShutdownTimeout < 0 {
+	if c.Prefetch < 0 || c.GroupCommit < 0 || c.MaxDBConns < 0 || c.ShutdownTimeout < 0 {
 		errs = append(errs, errors.New("durations and sizes must not be negative"))
 	}
 	if err := c.Retry.Validate(); err != nil {
@@ -167,40 +176,16 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 	if err != nil {
 		return nil, err
 	}
-	handlerMetrics := consumerMetrics.Handler(settle.HandlerName)
-	retry := config.Retry
-	if retry.OnRetry == nil {
-		retry.OnRetry = handlerMetrics.Retried
+	lanes := Lanes{
+		DB:          s.db,
+		Names:       names,
+		GroupCommit: config.GroupCommit,
+		Retry:       config.Retry,
+		Metrics:     consumerMetrics.Handler(settle.HandlerName),
+		Logger:      config.Logger,
 	}
-	ledger := postgres.NewSettlementLedger(s.db)
-	settler := settle.NewHandler(ledger)
-	setAside := postgres.NewSetAsideStore(s.db)
-	// One handler per lane: lanes run in parallel, each in order.
-	for lane := range services.SettlementLanes {
-		queue := names.SettlementQueue(lane)
-		handler := s.router.AddConsumerHandler(fmt.Sprintf("%s.%d", settle.HandlerName, lane), queue, s.subscriber, settler.Handle)
-		handler.AddMiddleware(
-			middleware.Observe(handlerMetrics.Finished),
-			middleware.SetAside{
-				Store:   setAside,
-				Handler: settle.HandlerName,
-				Topic:   queue,
-				// A message that failed because the database was
-				// unreachable or its session was lost is redelivered, not
-				// set aside.
-				IsTransient: postgres.IsTransient,
-				Logger:      config.Logger,
-				OnSetAside:  handlerMetrics.SetAside,
-			}.Middleware,
-			retry.Middleware,
-			middleware.Recoverer,
-			middleware.Dedup{
-				DB:          s.db,
-				Handler:     settle.HandlerName,
-				OnDuplicate: handlerMetrics.Duplicate,
-				OnProcessed: handlerMetrics.Processed,
-			}.Middleware,
-		)
+	if err := lanes.Add(s.router, s.subscriber); err != nil {
+		return nil, err
 	}
 
 	s.listener, err = net.Listen("tcp", config.HTTPAddr)
@@ -209,7 +194,7 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 	}
 	s.server = &http.Server{
 		Handler: httpapi.NewHandler(
-			httpapi.NewSettlements(ledger, config.Logger),
+			httpapi.NewSettlements(postgres.NewSettlementLedger(s.db), config.Logger),
 			httpapi.NewReadiness(5*time.Second, config.Logger, services.ReadyChecks(s.db, config.AMQPURL)...),
 			metrics.NewAPI(reg, config.Logger),
 		),
