@@ -9,10 +9,14 @@
 //   - Dedup records each (event id, handler) pair in processed_events in the
 //     same transaction as the handler's own writes, so a redelivered event has
 //     no second effect;
+//   - DedupGroup is Dedup with group commit: the messages that handlers
+//     running in parallel (lanes) hand it while a group is in its transaction
+//     share the next transaction;
 //   - Observe reports the outcome of each message, for metrics.
 //
 // Each reports what it does through optional callbacks (SetAside.OnSetAside,
-// Retry.OnRetry, Dedup.OnDuplicate, Dedup.OnProcessed, Observe), so that a
+// Retry.OnRetry, Dedup.OnDuplicate, Dedup.OnProcessed, GroupConfig.OnGroup,
+// Observe), so that a
 // metrics adapter can count results without this package depending on it.
 //
 // The usual order, outermost first, is

@@ -355,12 +355,16 @@ func (r *Outboxmill) loadPosition(ctx context.Context) (position, error) {
 // outbox's primary key (transaction_id, offset) and stops at the first row
 // that is not visible yet; pending reports whether there was one.
 func (r *Outboxmill) readBatch(ctx context.Context, pos position) (rows []row, pending bool, err error) {
+	// The sort keys are qualified: a bare "transaction_id" in ORDER BY
+	// would name the output column transaction_id::text and sort as text,
+	// putting 1000000 before 999999 (and sorting the whole remaining
+	// outbox instead of scanning the primary key from the position).
 	rs, err := r.db.QueryContext(ctx, `
-		SELECT transaction_id::text, "offset", uuid, payload::text,
-		       transaction_id < pg_snapshot_xmin(pg_current_snapshot())
-		FROM `+r.config.Outbox.Table()+`
-		WHERE (transaction_id, "offset") > ($1::xid8, $2::bigint)
-		ORDER BY transaction_id, "offset"
+		SELECT m.transaction_id::text AS tx, m."offset", m.uuid, m.payload::text,
+		       m.transaction_id < pg_snapshot_xmin(pg_current_snapshot()) AS visible
+		FROM `+r.config.Outbox.Table()+` m
+		WHERE (m.transaction_id, m."offset") > ($1::xid8, $2::bigint)
+		ORDER BY m.transaction_id, m."offset"
 		LIMIT $3`, pos.txID, pos.offset, r.config.BatchSize)
 	if err != nil {
 		return nil, false, fmt.Errorf("read outbox: %w", err)

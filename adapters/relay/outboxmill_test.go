@@ -314,6 +314,30 @@ func TestOutboxmill_DoesNotSkipAnOlderOpenTransaction(t *testing.T) {
 	}
 }
 
+// Transaction ids are compared as numbers, never as text: rows on both sides
+// of a power of ten (99 and 100 here, 999999 and 1000000 on a server that
+// has run a million transactions) are read in numeric order, and none is
+// skipped when a read fills a batch.
+func TestOutboxmill_OrdersTransactionIDsAcrossAPowerOfTen(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	d := f.bindQueue("#")
+	var want []string
+	for v := 1; v <= 6; v++ {
+		ev := f.commit("across", v)
+		// Ids far below every running transaction keep the rows visible.
+		if _, err := f.db.Exec(`UPDATE `+outbox.DefaultConfig().Table()+` SET transaction_id = $1::bigint::text::xid8
+			WHERE payload::jsonb ->> 'uuid' = $2`, 96+v, ev.ID); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, ev.ID)
+	}
+	cfg := f.config()
+	cfg.BatchSize = 2
+	f.start(cfg)
+	f.expectOnly(d, want)
+}
+
 func TestOutboxmill_NeverDeliversRolledBackEvents(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)

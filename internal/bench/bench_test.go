@@ -60,7 +60,9 @@ func TestRun(t *testing.T) {
 			{GroupLimit, figCommit(4), ""},
 			{GroupLimit, figPublishEach, ""},
 			{GroupLimit, figPublishWindow + " 256", ""},
+			{GroupLimit, figPublishBacklog(300, 256), ""},
 			{GroupLimit, figConsume, ""},
+			{GroupLimit, figSettleEach, ""},
 			{GroupLimit, figSettle, ""},
 			{GroupDrain, figDrain(300), "relay/watermill"},
 			{GroupE2E, figE2E, BaselineNaive},
@@ -90,7 +92,7 @@ func TestRun(t *testing.T) {
 		for _, tc := range []struct {
 			group, name string
 			ratios      int
-		}{{GroupDrain, figDrain(300), 1}, {GroupE2E, figE2E, 2}} {
+		}{{GroupDrain, figDrain(300), 2}, {GroupE2E, figE2E, 2}} {
 			f, _ := report.find(tc.group, tc.name, "relay/watermill")
 			if len(f.Ratios) != tc.ratios {
 				t.Errorf("%s ratios of relay/watermill = %+v, want %d against limits", tc.group, f.Ratios, tc.ratios)

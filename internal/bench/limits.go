@@ -25,6 +25,16 @@ const (
 	figSettle        = "consume+settle, 8 lanes, group commit"
 )
 
+// figPublishBacklog names the broker's rate for a backlog's worth of
+// messages published into one queue.
+func figPublishBacklog(backlog, window int) string {
+	n := fmt.Sprint(backlog)
+	if backlog%1000 == 0 {
+		n = fmt.Sprintf("%dk", backlog/1000)
+	}
+	return fmt.Sprintf("publish %s, confirm window %d", n, window)
+}
+
 func figCommit(writers int) string {
 	if writers == 1 {
 		return "commit order+outbox, 1 writer"
@@ -171,6 +181,20 @@ func (r *runner) measureBrokerLimits(ctx context.Context) error {
 	}
 	r.limits.add(windowName, rate)
 	r.progress("limit  %-40s %.0f/s", windowName, rate)
+	if err := purge(conn, queue); err != nil {
+		return err
+	}
+
+	// The drain's broker side without the database: a backlog's worth of
+	// messages into one queue, which grows as the drain's does.
+	backlogName := figPublishBacklog(r.cfg.Backlog, r.cfg.ConfirmWindow)
+	start := time.Now()
+	if err := publishN(ctx, conn, objs.exchange, key, pub, r.cfg.ConfirmWindow, r.cfg.Backlog); err != nil {
+		return fmt.Errorf("%s: %w", backlogName, err)
+	}
+	rate = float64(r.cfg.Backlog) / time.Since(start).Seconds()
+	r.limits.add(backlogName, rate)
+	r.progress("limit  %-40s %.0f/s", backlogName, rate)
 	if err := purge(conn, queue); err != nil {
 		return err
 	}

@@ -175,7 +175,7 @@ func (r *runner) finish() {
 				ref, ok := rep.find(GroupLimit, figCommit(1), "")
 				addRatio(f, "limit", "1 writer", ref, ok)
 			}
-			if f.Name == windowName {
+			if f.Name == windowName || f.Name == figPublishBacklog(r.cfg.Backlog, r.cfg.ConfirmWindow) {
 				ref, ok := rep.find(GroupLimit, figPublishEach, "")
 				addRatio(f, "limit", "confirm each", ref, ok)
 			}
@@ -184,7 +184,9 @@ func (r *runner) finish() {
 				addRatio(f, "limit", "tx per event", ref, ok)
 			}
 		case GroupDrain:
-			ref, ok := rep.find(GroupLimit, windowName, "")
+			ref, ok := rep.find(GroupLimit, figPublishBacklog(r.cfg.Backlog, r.cfg.ConfirmWindow), "")
+			addRatio(f, "limit", fmt.Sprintf("publishing %d", r.cfg.Backlog), ref, ok)
+			ref, ok = rep.find(GroupLimit, windowName, "")
 			addRatio(f, "limit", "publish window", ref, ok)
 		case GroupE2E:
 			if f.Name == figE2E {
