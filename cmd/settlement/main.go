@@ -34,7 +34,7 @@ func run(args []string, stderr io.Writer) int {
 	fs.StringVar(&cfg.Namespace, "namespace", cli.Env("OUTBOXMILL_NAMESPACE", services.DefaultNamespace), "prefix of exchange and queue names (env OUTBOXMILL_NAMESPACE)")
 	fs.StringVar(&cfg.QueueType, "queue-type", cli.Env("QUEUE_TYPE", "classic"), "type of the queues declared: classic or quorum (env QUEUE_TYPE)")
 	fs.IntVar(&cfg.Prefetch, "prefetch", 64, "deliveries in flight to the consumer")
-	fs.IntVar(&cfg.GroupCommit, "group-commit", services.SettlementLanes, "messages of different lanes that may share one transaction (1: a transaction per message)")
+	fs.IntVar(&cfg.GroupCommit, "group-commit", 1, "messages of different lanes that may share one transaction (1: a transaction per message)")
 	fs.IntVar(&cfg.Retry.MaxRetries, "max-retries", 4, "retries of a failing message before it is set aside")
 	if err := cli.RetentionFlags(fs, &cfg.Retention); err != nil {
 		return cli.Fail(stderr, name, err)

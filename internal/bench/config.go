@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/outboxmill/outboxmill/adapters/relay"
-	"github.com/outboxmill/outboxmill/services"
 )
 
 // Baselines measured beside the relay kinds.
@@ -103,8 +102,9 @@ type Config struct {
 	// ConsumerPrefetch is the prefetch of the settlement-style consumer.
 	ConsumerPrefetch int
 	// GroupCommit is the settlement consumer's group commit (messages of
-	// different lanes sharing a transaction) in every figure but the
-	// consumer limit measured with a transaction per event.
+	// different lanes that may share a transaction) in the pipelines; the
+	// service's default is 1. The consumer limits are measured with 1 and
+	// with services.SettlementLanes, whatever it is.
 	GroupCommit int
 
 	// RelayPollInterval is the poll interval given to relay.New; 0 leaves
@@ -157,7 +157,7 @@ func FullConfig(adminDatabaseURL, amqpURL string) Config {
 		IdleWindow:        6 * time.Second,
 		WakeWindow:        3 * time.Second,
 		ConsumerPrefetch:  64,
-		GroupCommit:       services.SettlementLanes,
+		GroupCommit:       1,
 		TunedPollInterval: 10 * time.Millisecond,
 		TunedBatchSize:    1000,
 		TunedChannelPool:  4,

@@ -24,8 +24,8 @@ import (
 // consumer is the settlement service's consumer (settlement.Lanes): one
 // Watermill handler per lane queue (lanes run in parallel, each in order),
 // the settlement handler behind set-aside, retry, recoverer and dedup in the
-// handler's transaction, shared by the lanes' messages with group commit. It
-// records in a tracker when each event was handled.
+// handler's transaction, which the lanes' messages may share (group commit).
+// It records in a tracker when each event was handled.
 type consumer struct {
 	router *message.Router
 	sub    *wmamqp.Subscriber

@@ -82,7 +82,7 @@ func (r *runner) measureLimits(ctx context.Context, reps int) error {
 		if err := r.measureSettleLimit(ctx, figSettleEach, 1); err != nil {
 			return fmt.Errorf("%s: %w", figSettleEach, err)
 		}
-		if err := r.measureSettleLimit(ctx, figSettle, r.cfg.GroupCommit); err != nil {
+		if err := r.measureSettleLimit(ctx, figSettle, services.SettlementLanes); err != nil {
 			return fmt.Errorf("%s: %w", figSettle, err)
 		}
 	}

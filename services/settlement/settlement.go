@@ -1,6 +1,6 @@
 // Package settlement assembles the settlement service: the OrderPaid consumer
 // (Lanes: one handler per lane queue behind the recover, set-aside, retry and
-// dedup middleware, the lanes sharing transactions by group commit), and the
+// dedup middleware, optionally sharing transactions by group commit), and the
 // HTTP API showing an order's ledger entries.
 package settlement
 
@@ -46,9 +46,8 @@ type Config struct {
 	// default 64.
 	Prefetch int
 	// GroupCommit is how many messages of different lanes may share one
-	// transaction (see middleware.DedupGroup); default
-	// services.SettlementLanes, one message of each lane; 1 gives each
-	// message a transaction of its own.
+	// transaction (see middleware.DedupGroup); default 1, a transaction per
+	// message. Up to services.SettlementLanes messages can wait together.
 	GroupCommit int
 	// Retry configures the handler's retries before a message is set aside.
 	Retry middleware.Retry
@@ -78,7 +77,7 @@ func (c *Config) setDefaults() {
 		c.Prefetch = 64
 	}
 	if c.GroupCommit == 0 {
-		c.GroupCommit = services.SettlementLanes
+		c.GroupCommit = 1
 	}
 	if c.MaxDBConns == 0 {
 		c.MaxDBConns = 16

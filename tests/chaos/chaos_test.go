@@ -47,7 +47,9 @@ func TestChaos_KillOrders(t *testing.T) {
 
 func TestChaos_KillSettlement(t *testing.T) {
 	t.Parallel()
-	sc := newScenario(t, 20, "2 kill -9 settlement", stack.Config{OrdersArgs: ordersArgs(), SettlementArgs: midBatchArgs()})
+	// Settlement runs with group commit here and in scenario 4: groups
+	// must survive a kill and terminated sessions as single messages do.
+	sc := newScenario(t, 20, "2 kill -9 settlement", stack.Config{OrdersArgs: ordersArgs(), SettlementArgs: midBatchArgs("-group-commit", "8")})
 	sc.startOrders()
 	tr := sc.startTraffic(trafficConfig{Orders: 700, Rate: 200})
 	faultEnd := sc.killSettlementMidBatch(tr, 300)
@@ -189,7 +191,7 @@ func (sc *scenario) watchOrdersTransactions(d time.Duration) time.Duration {
 func TestChaos_TerminateSessions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	sc := newScenario(t, 40, "4 pg_terminate_backend", stack.Config{OrdersArgs: ordersArgs()})
+	sc := newScenario(t, 40, "4 pg_terminate_backend", stack.Config{OrdersArgs: ordersArgs(), SettlementArgs: []string{"-group-commit", "8"}})
 	sc.startOrders()
 	sc.startSettlement()
 	tr := sc.startTraffic(trafficConfig{Orders: 700, Rate: 100})
