@@ -23,6 +23,7 @@ const (
 	figConsume       = "consume, manual ack each"
 	figSettleEach    = "consume+settle, 8 lanes, tx per event"
 	figSettle        = "consume+settle, 8 lanes, group commit"
+	figSettleBatch   = "consume+settle, 8 lanes, batch per lane"
 )
 
 // figPublishBacklog names the broker's rate for a backlog's worth of
@@ -84,6 +85,9 @@ func (r *runner) measureLimits(ctx context.Context, reps int) error {
 		}
 		if err := r.measureSettleLimit(ctx, figSettle, services.SettlementLanes); err != nil {
 			return fmt.Errorf("%s: %w", figSettle, err)
+		}
+		if err := r.measureSettleLimit(ctx, figSettleBatch, 0); err != nil {
+			return fmt.Errorf("%s: %w", figSettleBatch, err)
 		}
 	}
 	return nil
@@ -268,25 +272,47 @@ func (r *runner) measureSettleLimit(ctx context.Context, name string, groupCommi
 		pending = pending[1:]
 	}
 	start := time.Now()
-	cons, err := startConsumer(ctx, w.settleDB, r.servers.AMQPURL, names, r.cfg.ConsumerPrefetch, groupCommit, tr, r.cfg.Logger)
-	if err != nil {
-		return err
-	}
-	lost, err := tr.waitHandled(ctx, r.cfg.StallTimeout)
-	elapsed := time.Since(start)
-	if cerr := cons.close(); cerr != nil && err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	if lost > 0 {
-		return fmt.Errorf("%d of %d events not handled", lost, r.cfg.SettleMessages)
+	var elapsed time.Duration
+	if groupCommit == 0 {
+		// The batched lane consumer; see batchSettle.
+		stall, cancel := context.WithTimeout(ctx, r.cfg.StallTimeout)
+		err := batchSettle(stall, w.settleDB, conn, names, r.cfg.ConsumerPrefetch, tr)
+		elapsed = time.Since(start)
+		cancel()
+		if err != nil {
+			return err
+		}
+		in, err := checkIntegrity(ctx, w.settleDB, name, tr)
+		if err != nil {
+			return err
+		}
+		if !in.OK() {
+			return fmt.Errorf("batched settlement: lost %d, doubled %d, ghosts %d", in.Lost, in.Doubled, in.Ghosts)
+		}
+	} else {
+		cons, err := startConsumer(ctx, w.settleDB, r.servers.AMQPURL, names, r.cfg.ConsumerPrefetch, groupCommit, tr, r.cfg.Logger)
+		if err != nil {
+			return err
+		}
+		lost, err := tr.waitHandled(ctx, r.cfg.StallTimeout)
+		elapsed = time.Since(start)
+		if cerr := cons.close(); cerr != nil && err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		if lost > 0 {
+			return fmt.Errorf("%d of %d events not handled", lost, r.cfg.SettleMessages)
+		}
 	}
 	rate := float64(r.cfg.SettleMessages) / elapsed.Seconds()
 	r.limits.add(name, rate)
 	note := fmt.Sprintf("prefetch %d per lane, %d events", r.cfg.ConsumerPrefetch, r.cfg.SettleMessages)
-	if groupCommit > 1 {
+	switch {
+	case groupCommit == 0:
+		note += fmt.Sprintf(", up to %d of a lane per transaction and multiple ack, amqp091 without Watermill: not a shipped consumer", batchSettleMax)
+	case groupCommit > 1:
 		note += fmt.Sprintf(", groups of up to %d", groupCommit)
 	}
 	r.limits.note(name, note)

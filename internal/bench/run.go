@@ -179,7 +179,7 @@ func (r *runner) finish() {
 				ref, ok := rep.find(GroupLimit, figPublishEach, "")
 				addRatio(f, "limit", "confirm each", ref, ok)
 			}
-			if f.Name == figSettle {
+			if f.Name == figSettle || f.Name == figSettleBatch {
 				ref, ok := rep.find(GroupLimit, figSettleEach, "")
 				addRatio(f, "limit", "tx per event", ref, ok)
 			}
