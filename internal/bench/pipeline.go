@@ -409,10 +409,11 @@ func (r *runner) measureE2E(ctx context.Context, p *pipeline) (float64, error) {
 	return slices.Max(samples), nil
 }
 
-// inFlightAt says, for a pipeline with an outbox, how many events the relay
-// had not forwarded yet at the end of an end-to-end window: the part of the
-// events in flight that waits for the relay rather than for the broker and
-// the consumer. It is a diagnosis for the progress output.
+// inFlightAt says, for a pipeline with an outbox, how many outbox rows are
+// past the relay's stored position at the end of an end-to-end window: about
+// the part of the events in flight that waits for the relay rather than for
+// the broker and the consumer (a relay stores its position a little after
+// the broker confirmed). It is a diagnosis for the progress output.
 func (r *runner) inFlightAt(ctx context.Context, p *pipeline) string {
 	if p.v.naive {
 		return ""
@@ -434,7 +435,7 @@ func (r *runner) inFlightAt(ctx context.Context, p *pipeline) string {
 	if err != nil {
 		return " (" + err.Error() + ")"
 	}
-	return fmt.Sprintf(", %d of them not yet forwarded by the relay", st.Backlog)
+	return fmt.Sprintf(", %d outbox rows past the relay's stored position", st.Backlog)
 }
 
 // measureLatency offers each load below CapacityShare of capacity and
