@@ -148,66 +148,53 @@ func TestDedupGroup(t *testing.T) {
 		}
 	})
 
-	t.Run("a failing message fails alone", func(t *testing.T) {
-		t.Parallel()
-		var sizes groupSizes
-		g := newGroup(t, middleware.Dedup{}, &sizes)
-		ids := newIDs(6)
-		bad := ids[3]
-		boom := errors.New("boom")
-		e := &txEffects{hold: func(msg *message.Message) error {
-			if msg.UUID == bad {
-				return boom
-			}
-			return nil
-		}}
-		errs := heldGroup(t, g, e, ids[0], ids[1:])()
-		for i, id := range ids {
-			eff, mark := counts(t, db, id)
-			if id == bad {
-				if !errors.Is(errs[i], boom) {
-					t.Errorf("failing message: got %v, want %v", errs[i], boom)
+	boom := errors.New("boom")
+	for _, tc := range []struct {
+		name string
+		// fail makes the handler of the bad message fail.
+		fail func() error
+		// failed reports whether the bad message's error is the right one.
+		failed func(error) bool
+	}{
+		{"a failing message fails alone", func() error { return boom }, func(err error) bool { return errors.Is(err, boom) }},
+		{"a panicking handler fails its message alone", func() error { panic("handler bug") }, func(err error) bool {
+			var panicked *middleware.PanicError
+			return errors.As(err, &panicked)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var sizes groupSizes
+			g := newGroup(t, middleware.Dedup{}, &sizes)
+			ids := newIDs(6)
+			bad := ids[3]
+			e := &txEffects{hold: func(msg *message.Message) error {
+				if msg.UUID == bad {
+					return tc.fail()
 				}
-				if eff != 0 || mark != 0 {
-					t.Errorf("failing message: %d effects and %d markers, want none", eff, mark)
+				return nil
+			}}
+			errs := heldGroup(t, g, e, ids[0], ids[1:])()
+			for i, id := range ids {
+				eff, mark := counts(t, db, id)
+				if id == bad {
+					if !tc.failed(errs[i]) {
+						t.Errorf("bad message: got error %v", errs[i])
+					}
+					if eff != 0 || mark != 0 {
+						t.Errorf("bad message: %d effects and %d markers, want none", eff, mark)
+					}
+					continue
 				}
-				continue
+				if errs[i] != nil {
+					t.Errorf("message %d: %v", i, errs[i])
+				}
+				if eff != 1 || mark != 1 {
+					t.Errorf("event %s: %d effects and %d markers, want 1 and 1", id, eff, mark)
+				}
 			}
-			if errs[i] != nil {
-				t.Errorf("message %d: %v", i, errs[i])
-			}
-			if eff != 1 || mark != 1 {
-				t.Errorf("event %s: %d effects and %d markers, want 1 and 1", id, eff, mark)
-			}
-		}
-	})
-
-	t.Run("a panicking handler fails its message alone", func(t *testing.T) {
-		t.Parallel()
-		var sizes groupSizes
-		g := newGroup(t, middleware.Dedup{}, &sizes)
-		ids := newIDs(4)
-		bad := ids[2]
-		e := &txEffects{hold: func(msg *message.Message) error {
-			if msg.UUID == bad {
-				panic("handler bug")
-			}
-			return nil
-		}}
-		errs := heldGroup(t, g, e, ids[0], ids[1:])()
-		var panicked *middleware.PanicError
-		if !errors.As(errs[2], &panicked) {
-			t.Errorf("panicking message: got %v, want a *PanicError", errs[2])
-		}
-		for i, id := range ids {
-			if id != bad && errs[i] != nil {
-				t.Errorf("message %d: %v", i, errs[i])
-			}
-		}
-		if eff, mark := counts(t, db, bad); eff != 0 || mark != 0 {
-			t.Errorf("panicking message: %d effects and %d markers, want none", eff, mark)
-		}
-	})
+		})
+	}
 
 	t.Run("duplicates in and before a group have no effect", func(t *testing.T) {
 		t.Parallel()

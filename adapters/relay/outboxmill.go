@@ -210,31 +210,19 @@ func (r *Outboxmill) lead(ctx context.Context) (err error) {
 	defer func() { err = errors.Join(err, s.close()) }()
 	for {
 		var b batch
-		if s.idle() {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case err := <-closed:
-				return fmt.Errorf("broker channel closed: %v", err)
-			case err := <-s.storeFailed():
+		select {
+		case <-ctx.Done():
+			return errors.Join(ctx.Err(), s.flush(work))
+		case err := <-closed:
+			return s.fail(fmt.Errorf("broker channel closed: %v", err))
+		case err := <-s.storeFailed():
+			return err
+		case <-s.oldestDone(): // never ready while nothing awaits a confirm
+			if err := s.settleOne(work); err != nil {
 				return err
-			case b = <-batches:
 			}
-		} else {
-			select {
-			case <-ctx.Done():
-				return errors.Join(ctx.Err(), s.flush(work))
-			case err := <-closed:
-				return s.fail(fmt.Errorf("broker channel closed: %v", err))
-			case err := <-s.storeFailed():
-				return err
-			case <-s.oldestDone():
-				if err := s.settleOne(work); err != nil {
-					return err
-				}
-				continue
-			case b = <-batches:
-			}
+			continue
+		case b = <-batches:
 		}
 		if b.err != nil {
 			return errors.Join(b.err, s.flush(work))

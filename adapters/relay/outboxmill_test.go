@@ -394,18 +394,24 @@ func TestOutboxmill_CoalescesPositionUpdates(t *testing.T) {
 		t.Fatalf("%d position updates in %s for %d rows published one by one: not coalesced to one per %s",
 			updates, elapsed.Round(time.Millisecond), n, cfg.PositionInterval)
 	}
-	var stored, last string
-	if err := f.db.QueryRow(`SELECT last_processed_transaction_id::text || '/' || offset_acked FROM `+
-		outbox.DefaultConfig().OffsetsTable()+` WHERE consumer_group = $1`, relay.DefaultConsumerGroup).Scan(&stored); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.db.QueryRow(`SELECT transaction_id::text || '/' || "offset" FROM ` + outbox.DefaultConfig().Table() +
-		` ORDER BY transaction_id DESC, "offset" DESC LIMIT 1`).Scan(&last); err != nil {
-		t.Fatal(err)
-	}
-	if stored != last {
+	if stored, last := f.positionAndLastRow(); stored != last {
 		t.Fatalf("stored position %s, want the last row %s", stored, last)
 	}
+}
+
+// positionAndLastRow returns the relay's stored position and the position
+// of the outbox's last row, each as "transaction id/offset".
+func (f *fixture) positionAndLastRow() (stored, last string) {
+	f.t.Helper()
+	if err := f.db.QueryRow(`SELECT last_processed_transaction_id::text || '/' || offset_acked FROM `+
+		outbox.DefaultConfig().OffsetsTable()+` WHERE consumer_group = $1`, relay.DefaultConsumerGroup).Scan(&stored); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := f.db.QueryRow(`SELECT m.transaction_id::text || '/' || m."offset" FROM ` + outbox.DefaultConfig().Table() +
+		` m ORDER BY m.transaction_id DESC, m."offset" DESC LIMIT 1`).Scan(&last); err != nil {
+		f.t.Fatal(err)
+	}
+	return stored, last
 }
 
 func TestOutboxmill_SetsAsideUndecodableRows(t *testing.T) {
@@ -454,15 +460,7 @@ func TestOutboxmill_RestartsWhenThePositionMoves(t *testing.T) {
 		t.Fatalf("got %+v, want %s twice", got, ev.ID)
 	}
 	waitFor(t, 30*time.Second, "the position stored past the event", func() bool {
-		var stored, last string
-		if err := f.db.QueryRow(`SELECT last_processed_transaction_id::text || '/' || offset_acked FROM `+offsets+
-			` WHERE consumer_group = $1`, relay.DefaultConsumerGroup).Scan(&stored); err != nil {
-			t.Fatal(err)
-		}
-		if err := f.db.QueryRow(`SELECT transaction_id::text || '/' || "offset" FROM ` + outbox.DefaultConfig().Table() +
-			` ORDER BY transaction_id DESC, "offset" DESC LIMIT 1`).Scan(&last); err != nil {
-			t.Fatal(err)
-		}
+		stored, last := f.positionAndLastRow()
 		return stored == last
 	})
 }

@@ -103,9 +103,6 @@ func (s *stream) flush(ctx context.Context) error {
 	return s.storeSettled()
 }
 
-// idle reports whether nothing awaits a confirm or a position update.
-func (s *stream) idle() bool { return len(s.open) == 0 }
-
 // oldestDone returns a channel closed when the oldest outstanding confirm
 // has come, or nil (never ready) when none is outstanding.
 func (s *stream) oldestDone() <-chan struct{} {
@@ -188,12 +185,13 @@ func (s *stream) storeSettled() error {
 }
 
 // fail hands the rows settled before the failure to the position writer
-// and returns cause.
+// and returns cause. With nothing published and unsettled it is not a
+// failed publish and only returns cause.
 func (s *stream) fail(cause error) error {
-	s.r.config.Metrics.PublishFailed(cause)
 	if len(s.open) == 0 {
 		return cause
 	}
+	s.r.config.Metrics.PublishFailed(cause)
 	b := s.open[0]
 	s.skipInvalid(b)
 	if b.settled > 0 {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
@@ -80,14 +81,17 @@ func (r *runner) measureLimits(ctx context.Context, reps int) error {
 		if err := r.measureBrokerLimits(ctx); err != nil {
 			return err
 		}
-		if err := r.measureSettleLimit(ctx, figSettleEach, 1); err != nil {
-			return fmt.Errorf("%s: %w", figSettleEach, err)
-		}
-		if err := r.measureSettleLimit(ctx, figSettle, services.SettlementLanes); err != nil {
-			return fmt.Errorf("%s: %w", figSettle, err)
-		}
-		if err := r.measureSettleLimit(ctx, figSettleBatch, 0); err != nil {
-			return fmt.Errorf("%s: %w", figSettleBatch, err)
+		for _, c := range []struct {
+			name, note string
+			settle     settleFunc
+		}{
+			{figSettleEach, "", r.settleWithConsumer(1)},
+			{figSettle, fmt.Sprintf("groups of up to %d", services.SettlementLanes), r.settleWithConsumer(services.SettlementLanes)},
+			{figSettleBatch, fmt.Sprintf("up to %d of a lane per transaction and multiple ack, amqp091 without Watermill: not a shipped consumer", batchSettleMax), r.settleInBatches},
+		} {
+			if err := r.measureSettleLimit(ctx, c.name, c.note, c.settle); err != nil {
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
 		}
 	}
 	return nil
@@ -216,11 +220,60 @@ func (r *runner) measureBrokerLimits(ctx context.Context) error {
 	return nil
 }
 
+// settleFunc settles the events waiting in the lane queues of names until
+// tr has every one handled, and returns how long that took.
+type settleFunc func(ctx context.Context, db *sqlx.DB, conn *amqp.Connection, names services.Names, tr *tracker) (time.Duration, error)
+
+// settleWithConsumer settles with the settlement consumer (startConsumer)
+// and groupCommit.
+func (r *runner) settleWithConsumer(groupCommit int) settleFunc {
+	return func(ctx context.Context, db *sqlx.DB, _ *amqp.Connection, names services.Names, tr *tracker) (time.Duration, error) {
+		start := time.Now()
+		cons, err := startConsumer(ctx, db, r.servers.AMQPURL, names, r.cfg.ConsumerPrefetch, groupCommit, tr, r.cfg.Logger)
+		if err != nil {
+			return 0, err
+		}
+		lost, err := tr.waitHandled(ctx, r.cfg.StallTimeout)
+		elapsed := time.Since(start)
+		if cerr := cons.close(); cerr != nil && err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return 0, err
+		}
+		if lost > 0 {
+			return 0, fmt.Errorf("%d events not handled", lost)
+		}
+		return elapsed, nil
+	}
+}
+
+// settleInBatches settles with batchSettle and checks that every event has
+// its entries once.
+func (r *runner) settleInBatches(ctx context.Context, db *sqlx.DB, conn *amqp.Connection, names services.Names, tr *tracker) (time.Duration, error) {
+	start := time.Now()
+	stall, cancel := context.WithTimeout(ctx, r.cfg.StallTimeout)
+	err := batchSettle(stall, db, conn, names, r.cfg.ConsumerPrefetch, tr)
+	elapsed := time.Since(start)
+	cancel()
+	if err != nil {
+		return 0, err
+	}
+	in, err := checkIntegrity(ctx, db, figSettleBatch, tr)
+	if err != nil {
+		return 0, err
+	}
+	if !in.OK() {
+		return 0, fmt.Errorf("lost %d, doubled %d, ghosts %d", in.Lost, in.Doubled, in.Ghosts)
+	}
+	return elapsed, nil
+}
+
 // measureSettleLimit fills the settlement lane queues with SettleMessages
-// OrderPaid events, then starts the settlement consumer with groupCommit and
-// measures the events it handles per second: the consumer's side of the
-// end-to-end limit. The figure is called name.
-func (r *runner) measureSettleLimit(ctx context.Context, name string, groupCommit int) error {
+// OrderPaid events, settles them with settle and records the events handled
+// per second as the figure name: the consumer's side of the end-to-end
+// limit. note, when set, is added to the figure's note.
+func (r *runner) measureSettleLimit(ctx context.Context, name, note string, settle settleFunc) error {
 	w, err := r.workspace(ctx, r.poolSize())
 	if err != nil {
 		return err
@@ -271,51 +324,17 @@ func (r *runner) measureSettleLimit(ctx context.Context, name string, groupCommi
 		}
 		pending = pending[1:]
 	}
-	start := time.Now()
-	var elapsed time.Duration
-	if groupCommit == 0 {
-		// The batched lane consumer; see batchSettle.
-		stall, cancel := context.WithTimeout(ctx, r.cfg.StallTimeout)
-		err := batchSettle(stall, w.settleDB, conn, names, r.cfg.ConsumerPrefetch, tr)
-		elapsed = time.Since(start)
-		cancel()
-		if err != nil {
-			return err
-		}
-		in, err := checkIntegrity(ctx, w.settleDB, name, tr)
-		if err != nil {
-			return err
-		}
-		if !in.OK() {
-			return fmt.Errorf("batched settlement: lost %d, doubled %d, ghosts %d", in.Lost, in.Doubled, in.Ghosts)
-		}
-	} else {
-		cons, err := startConsumer(ctx, w.settleDB, r.servers.AMQPURL, names, r.cfg.ConsumerPrefetch, groupCommit, tr, r.cfg.Logger)
-		if err != nil {
-			return err
-		}
-		lost, err := tr.waitHandled(ctx, r.cfg.StallTimeout)
-		elapsed = time.Since(start)
-		if cerr := cons.close(); cerr != nil && err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return err
-		}
-		if lost > 0 {
-			return fmt.Errorf("%d of %d events not handled", lost, r.cfg.SettleMessages)
-		}
+	elapsed, err := settle(ctx, w.settleDB, conn, names, tr)
+	if err != nil {
+		return err
 	}
 	rate := float64(r.cfg.SettleMessages) / elapsed.Seconds()
 	r.limits.add(name, rate)
-	note := fmt.Sprintf("prefetch %d per lane, %d events", r.cfg.ConsumerPrefetch, r.cfg.SettleMessages)
-	switch {
-	case groupCommit == 0:
-		note += fmt.Sprintf(", up to %d of a lane per transaction and multiple ack, amqp091 without Watermill: not a shipped consumer", batchSettleMax)
-	case groupCommit > 1:
-		note += fmt.Sprintf(", groups of up to %d", groupCommit)
+	full := fmt.Sprintf("prefetch %d per lane, %d events", r.cfg.ConsumerPrefetch, r.cfg.SettleMessages)
+	if note != "" {
+		full += ", " + note
 	}
-	r.limits.note(name, note)
+	r.limits.note(name, full)
 	r.progress("limit  %-40s %.0f/s", name, rate)
 	return nil
 }

@@ -167,6 +167,7 @@ func (r *runner) finish() {
 		return best, found
 	}
 	windowName := fmt.Sprintf("%s %d", figPublishWindow, r.cfg.ConfirmWindow)
+	backlogName := figPublishBacklog(r.cfg.Backlog, r.cfg.ConfirmWindow)
 	for i := range rep.Figures {
 		f := &rep.Figures[i]
 		switch f.Group {
@@ -175,7 +176,7 @@ func (r *runner) finish() {
 				ref, ok := rep.find(GroupLimit, figCommit(1), "")
 				addRatio(f, "limit", "1 writer", ref, ok)
 			}
-			if f.Name == windowName || f.Name == figPublishBacklog(r.cfg.Backlog, r.cfg.ConfirmWindow) {
+			if f.Name == windowName || f.Name == backlogName {
 				ref, ok := rep.find(GroupLimit, figPublishEach, "")
 				addRatio(f, "limit", "confirm each", ref, ok)
 			}
@@ -184,7 +185,7 @@ func (r *runner) finish() {
 				addRatio(f, "limit", "tx per event", ref, ok)
 			}
 		case GroupDrain:
-			ref, ok := rep.find(GroupLimit, figPublishBacklog(r.cfg.Backlog, r.cfg.ConfirmWindow), "")
+			ref, ok := rep.find(GroupLimit, backlogName, "")
 			addRatio(f, "limit", fmt.Sprintf("publishing %d", r.cfg.Backlog), ref, ok)
 			ref, ok = rep.find(GroupLimit, windowName, "")
 			addRatio(f, "limit", "publish window", ref, ok)
