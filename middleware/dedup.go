@@ -128,3 +128,73 @@ func runInTx(msg *message.Message, tx *sqlx.Tx, h message.HandlerFunc) ([]*messa
 	defer msg.SetContext(ctx)
 	return h(msg)
 }
+
+// BatchHandler handles, through tx, the messages of a batch that were not
+// processed before, in their order. An error rolls back the whole batch.
+type BatchHandler func(ctx context.Context, tx *sqlx.Tx, msgs []*message.Message) error
+
+// ProcessBatch handles msgs in one transaction: it inserts all their markers
+// in one statement, runs h over the messages whose marker is new, in their
+// order, and commits. A second copy of an event within msgs counts as a
+// duplicate. OnDuplicate and OnProcessed are called after the commit.
+//
+// On any error, a message without an event id included, nothing of the
+// batch is committed: the caller then handles the messages again one at a
+// time through Middleware, so that only a failing message goes on to retry
+// and set-aside. It returns the number of messages h handled.
+func (d Dedup) ProcessBatch(ctx context.Context, msgs []*message.Message, h BatchHandler) (int, error) {
+	ids := make([]string, len(msgs))
+	for i, msg := range msgs {
+		if msg.UUID == "" {
+			return 0, Permanent(ErrNoEventID)
+		}
+		ids[i] = msg.UUID
+	}
+	tx, err := d.DB.BeginTxx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("dedup: begin: %w", err)
+	}
+	defer tx.Rollback()
+
+	// Sorted, so that batches racing on the same events lock them in one
+	// order.
+	var marked []string
+	if err := tx.SelectContext(ctx, &marked, `
+		INSERT INTO `+d.table()+` (event_id, handler)
+		SELECT DISTINCT id, $2 FROM unnest($1::text[]) AS id ORDER BY id
+		ON CONFLICT DO NOTHING RETURNING event_id`, ids, d.Handler); err != nil {
+		return 0, fmt.Errorf("dedup: mark %d events: %w", len(ids), err)
+	}
+	isNew := make(map[string]bool, len(marked))
+	for _, id := range marked {
+		isNew[id] = true
+	}
+	var fresh, duplicates []*message.Message
+	for _, msg := range msgs {
+		if isNew[msg.UUID] {
+			fresh = append(fresh, msg)
+			delete(isNew, msg.UUID)
+		} else {
+			duplicates = append(duplicates, msg)
+		}
+	}
+	if len(fresh) > 0 {
+		if err := h(context.WithValue(ctx, txKey{}, tx), tx, fresh); err != nil {
+			return 0, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("dedup: commit %d events: %w", len(fresh), err)
+	}
+	for _, msg := range duplicates {
+		if d.OnDuplicate != nil {
+			d.OnDuplicate(msg)
+		}
+	}
+	for _, msg := range fresh {
+		if d.OnProcessed != nil {
+			d.OnProcessed(msg)
+		}
+	}
+	return len(fresh), nil
+}

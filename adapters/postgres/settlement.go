@@ -36,24 +36,47 @@ func NewSettlementLedger(db *sqlx.DB) *SettlementLedger {
 	return &SettlementLedger{db: db}
 }
 
+// Posting is the ledger entries of one settled event.
+type Posting struct {
+	OrderID    string
+	EventID    string
+	Currency   string
+	OccurredAt time.Time
+	Entries    []domain.LedgerEntry
+}
+
 // Append inserts entries for orderID through tx (the handler's transaction),
 // in one statement.
 func (l *SettlementLedger) Append(ctx context.Context, tx *sqlx.Tx, orderID, eventID, currency string, occurredAt time.Time, entries []domain.LedgerEntry) error {
-	if len(entries) == 0 {
-		return nil
+	return l.AppendAll(ctx, tx, []Posting{{OrderID: orderID, EventID: eventID, Currency: currency, OccurredAt: occurredAt, Entries: entries}})
+}
+
+// AppendAll inserts the entries of postings through tx in one statement,
+// in the order given.
+func (l *SettlementLedger) AppendAll(ctx context.Context, tx *sqlx.Tx, postings []Posting) error {
+	var orders, events, kinds, currencies []string
+	var amounts []int64
+	var occurred []time.Time
+	for _, p := range postings {
+		for _, e := range p.Entries {
+			orders, events, kinds = append(orders, p.OrderID), append(events, p.EventID), append(kinds, e.Kind)
+			amounts, currencies, occurred = append(amounts, e.Amount), append(currencies, p.Currency), append(occurred, p.OccurredAt)
+		}
 	}
-	kinds := make([]string, len(entries))
-	amounts := make([]int64, len(entries))
-	for i, e := range entries {
-		kinds[i], amounts[i] = e.Kind, e.Amount
+	if len(orders) == 0 {
+		return nil
 	}
 	if _, err := tx.ExecContext(ctx, `
 		INSERT INTO settlement_entries (order_id, event_id, kind, amount, currency, occurred_at)
-		SELECT $1, $2, e.kind, e.amount, $5, $6
-		FROM unnest($3::text[], $4::bigint[]) WITH ORDINALITY AS e(kind, amount, n)
+		SELECT e.order_id, e.event_id, e.kind, e.amount, e.currency, e.occurred_at
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::timestamptz[])
+			WITH ORDINALITY AS e(order_id, event_id, kind, amount, currency, occurred_at, n)
 		ORDER BY e.n`,
-		orderID, eventID, kinds, amounts, currency, occurredAt); err != nil {
-		return fmt.Errorf("append entries of order %s: %w", orderID, err)
+		orders, events, kinds, amounts, currencies, occurred); err != nil {
+		if len(postings) == 1 {
+			return fmt.Errorf("append entries of order %s: %w", postings[0].OrderID, err)
+		}
+		return fmt.Errorf("append entries of %d orders: %w", len(postings), err)
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/internal/cli"
 	"github.com/outboxmill/outboxmill/services"
 	"github.com/outboxmill/outboxmill/services/settlement"
@@ -33,8 +34,10 @@ func run(args []string, stderr io.Writer) int {
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", cli.Env("HTTP_ADDR", "127.0.0.1:8081"), "HTTP listen address (env HTTP_ADDR)")
 	fs.StringVar(&cfg.Namespace, "namespace", cli.Env("OUTBOXMILL_NAMESPACE", services.DefaultNamespace), "prefix of exchange and queue names (env OUTBOXMILL_NAMESPACE)")
 	fs.StringVar(&cfg.QueueType, "queue-type", cli.Env("QUEUE_TYPE", "classic"), "type of the queues declared: classic or quorum (env QUEUE_TYPE)")
-	fs.IntVar(&cfg.Prefetch, "prefetch", 64, "deliveries in flight to the consumer")
-	fs.IntVar(&cfg.GroupCommit, "group-commit", 1, "messages of different lanes that may share one transaction (1: a transaction per message)")
+	fs.StringVar(&cfg.Consumer, "consumer", settlement.ConsumerBatch, "how lanes consume: batch (a lane's waiting deliveries in one transaction) or router (Watermill router, a transaction per message)")
+	fs.IntVar(&cfg.MaxBatch, "batch", rabbitmq.DefaultMaxBatch, "batch consumer: messages of a lane settled in one transaction at most")
+	fs.IntVar(&cfg.Prefetch, "prefetch", 64, "deliveries in flight to each lane's consumer")
+	fs.IntVar(&cfg.GroupCommit, "group-commit", 1, "router consumer: messages of different lanes that may share one transaction (1: a transaction per message)")
 	fs.IntVar(&cfg.Retry.MaxRetries, "max-retries", 4, "retries of a failing message before it is set aside")
 	if err := cli.RetentionFlags(fs, &cfg.Retention); err != nil {
 		return cli.Fail(stderr, name, err)

@@ -3,10 +3,12 @@
 package settle
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
@@ -31,27 +33,52 @@ func NewHandler(ledger *postgres.SettlementLedger) *Handler {
 // Handle appends the platform fee and merchant credit of an OrderPaid event.
 // A message that is not a valid OrderPaid event fails with a Permanent error.
 func (h *Handler) Handle(msg *message.Message) error {
-	env, err := outbox.Decode(msg)
+	p, err := posting(msg)
 	if err != nil {
-		return middleware.Permanent(err)
-	}
-	if env.EventType != domain.EventOrderPaid {
-		return middleware.Permanent(fmt.Errorf("%w: settle handles %s, got %s", outbox.ErrMalformedEvent, domain.EventOrderPaid, env.EventType))
-	}
-	var paid domain.OrderPaidPayload
-	if err := outbox.DecodePayload(env, &paid); err != nil {
-		return middleware.Permanent(err)
-	}
-	if paid.OrderID != env.AggregateID {
-		return middleware.Permanent(fmt.Errorf("%w: payload order %q differs from aggregate %q", outbox.ErrMalformedEvent, paid.OrderID, env.AggregateID))
-	}
-	entries, err := domain.SettlementEntries(paid.Amount)
-	if err != nil {
-		return middleware.Permanent(fmt.Errorf("settle order %s: %w", paid.OrderID, err))
+		return err
 	}
 	tx, ok := middleware.Tx(msg.Context())
 	if !ok {
 		return errors.New("settle: no transaction in context; run the handler behind middleware.Dedup")
 	}
-	return h.ledger.Append(msg.Context(), tx, paid.OrderID, env.EventID, paid.Currency, env.OccurredAt, entries)
+	return h.ledger.AppendAll(msg.Context(), tx, []postgres.Posting{p})
+}
+
+// HandleBatch is Handle for the messages of a batch, in one statement: a
+// middleware.BatchHandler for Dedup.ProcessBatch. If one message is not a
+// valid OrderPaid event, it fails with that message's Permanent error and
+// appends nothing.
+func (h *Handler) HandleBatch(ctx context.Context, tx *sqlx.Tx, msgs []*message.Message) error {
+	postings := make([]postgres.Posting, len(msgs))
+	for i, msg := range msgs {
+		p, err := posting(msg)
+		if err != nil {
+			return err
+		}
+		postings[i] = p
+	}
+	return h.ledger.AppendAll(ctx, tx, postings)
+}
+
+// posting returns the ledger entries of the OrderPaid event msg carries.
+func posting(msg *message.Message) (postgres.Posting, error) {
+	env, err := outbox.Decode(msg)
+	if err != nil {
+		return postgres.Posting{}, middleware.Permanent(err)
+	}
+	if env.EventType != domain.EventOrderPaid {
+		return postgres.Posting{}, middleware.Permanent(fmt.Errorf("%w: settle handles %s, got %s", outbox.ErrMalformedEvent, domain.EventOrderPaid, env.EventType))
+	}
+	var paid domain.OrderPaidPayload
+	if err := outbox.DecodePayload(env, &paid); err != nil {
+		return postgres.Posting{}, middleware.Permanent(err)
+	}
+	if paid.OrderID != env.AggregateID {
+		return postgres.Posting{}, middleware.Permanent(fmt.Errorf("%w: payload order %q differs from aggregate %q", outbox.ErrMalformedEvent, paid.OrderID, env.AggregateID))
+	}
+	entries, err := domain.SettlementEntries(paid.Amount)
+	if err != nil {
+		return postgres.Posting{}, middleware.Permanent(fmt.Errorf("settle order %s: %w", paid.OrderID, err))
+	}
+	return postgres.Posting{OrderID: paid.OrderID, EventID: env.EventID, Currency: paid.Currency, OccurredAt: env.OccurredAt, Entries: entries}, nil
 }

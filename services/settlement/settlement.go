@@ -42,12 +42,21 @@ type Config struct {
 	// QueueType is the type of the queues the service declares
 	// (rabbitmq.QueueClassic or QueueQuorum); default classic.
 	QueueType string
+	// Consumer is how the lanes consume: ConsumerBatch (default) settles
+	// the deliveries waiting in a lane in one transaction
+	// (rabbitmq.BatchConsumer); ConsumerRouter runs each lane as a
+	// Watermill router handler, a transaction per message.
+	Consumer string
+	// MaxBatch bounds the messages of a lane settled in one transaction by
+	// the batch consumer; default rabbitmq.DefaultMaxBatch.
+	MaxBatch int
 	// Prefetch bounds the deliveries in flight to each lane's consumer;
 	// default 64.
 	Prefetch int
 	// GroupCommit is how many messages of different lanes may share one
-	// transaction (see middleware.DedupGroup); default 1, a transaction per
-	// message. Up to services.SettlementLanes messages can wait together.
+	// transaction with the router consumer (see middleware.DedupGroup);
+	// default 1, a transaction per message. Up to services.SettlementLanes
+	// messages can wait together.
 	GroupCommit int
 	// Retry configures the handler's retries before a message is set aside.
 	Retry middleware.Retry
@@ -63,7 +72,19 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// The consumers Config.Consumer names.
+const (
+	ConsumerBatch  = "batch"
+	ConsumerRouter = "router"
+)
+
 func (c *Config) setDefaults() {
+	if c.Consumer == "" {
+		c.Consumer = ConsumerBatch
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = rabbitmq.DefaultMaxBatch
+	}
 	if c.HTTPAddr == "" {
 		c.HTTPAddr = "127.0.0.1:8081"
 	}
@@ -106,7 +127,16 @@ func (c Config) Validate() error {
 	if c.QueueType != rabbitmq.QueueClassic && c.QueueType != rabbitmq.QueueQuorum {
 		errs = append(errs, fmt.Errorf("queue type %q is neither %s nor %s", c.QueueType, rabbitmq.QueueClassic, rabbitmq.QueueQuorum))
 	}
-	if c.Prefetch < 0 || c.GroupCommit < 0 || c.MaxDBConns < 0 || c.ShutdownTimeout < 0 {
+	if c.Consumer != ConsumerBatch && c.Consumer != ConsumerRouter {
+		errs = append(errs, fmt.Errorf("consumer %q is neither %s nor %s", c.Consumer, ConsumerBatch, ConsumerRouter))
+	}
+	if c.Consumer == ConsumerBatch && c.GroupCommit > 1 {
+		errs = append(errs, errors.New("group commit is a setting of the router consumer; the batch consumer shares transactions within a lane"))
+	}
+	if c.Consumer == ConsumerBatch && c.MaxBatch > c.Prefetch && c.Prefetch > 0 {
+		errs = append(errs, fmt.Errorf("batches of %d cannot fill with a prefetch of %d", c.MaxBatch, c.Prefetch))
+	}
+	if c.Prefetch < 0 || c.MaxBatch < 0 || c.GroupCommit < 0 || c.MaxDBConns < 0 || c.ShutdownTimeout < 0 {
 		errs = append(errs, errors.New("durations and sizes must not be negative"))
 	}
 	if err := c.Retry.Validate(); err != nil {
@@ -124,6 +154,7 @@ type Service struct {
 	db         *sqlx.DB
 	subscriber *wmamqp.Subscriber
 	router     *message.Router
+	batch      *rabbitmq.BatchConsumer
 	purger     *retention.Purger
 	server     *http.Server
 	listener   net.Listener
@@ -157,16 +188,6 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 		return nil, err
 	}
 
-	wmLogger := watermill.NewSlogLogger(config.Logger)
-	s.subscriber, err = wmamqp.NewSubscriber(
-		rabbitmq.SubscriberConfig(config.AMQPURL, names.Exchange(), config.Prefetch), wmLogger)
-	if err != nil {
-		return nil, fmt.Errorf("settlement subscriber: %w", err)
-	}
-	s.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: config.ShutdownTimeout}, wmLogger)
-	if err != nil {
-		return nil, fmt.Errorf("settlement router: %w", err)
-	}
 	reg, err := s.observe()
 	if err != nil {
 		return nil, err
@@ -183,7 +204,11 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 		Metrics:     consumerMetrics.Handler(settle.HandlerName),
 		Logger:      config.Logger,
 	}
-	if err := lanes.Add(s.router, s.subscriber); err != nil {
+	if config.Consumer == ConsumerBatch {
+		if s.batch, err = lanes.Batched(config.AMQPURL, config.MaxBatch, config.Prefetch); err != nil {
+			return nil, err
+		}
+	} else if err := s.route(lanes); err != nil {
 		return nil, err
 	}
 
@@ -200,6 +225,22 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	return s, nil
+}
+
+// route sets up the router consumer.
+func (s *Service) route(lanes Lanes) (err error) {
+	wmLogger := watermill.NewSlogLogger(s.config.Logger)
+	names := services.Names{Namespace: s.config.Namespace}
+	s.subscriber, err = wmamqp.NewSubscriber(
+		rabbitmq.SubscriberConfig(s.config.AMQPURL, names.Exchange(), s.config.Prefetch), wmLogger)
+	if err != nil {
+		return fmt.Errorf("settlement subscriber: %w", err)
+	}
+	s.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: s.config.ShutdownTimeout}, wmLogger)
+	if err != nil {
+		return fmt.Errorf("settlement router: %w", err)
+	}
+	return lanes.Add(s.router, s.subscriber)
 }
 
 // observe sets up what lets operators see and bound the consumer's tables:
@@ -233,14 +274,18 @@ func (s *Service) Addr() string { return s.listener.Addr().String() }
 func (s *Service) Run(ctx context.Context) error {
 	defer s.close()
 	logger := s.config.Logger
-	logger.Info("settlement service running", "http_addr", s.Addr(), "lanes", services.SettlementLanes)
-	err := services.RunComponents(ctx, logger, s.config.ShutdownTimeout,
-		services.Component{Name: "dedup purger", Run: s.purger.Run},
-		services.Component{
+	logger.Info("settlement service running", "http_addr", s.Addr(), "lanes", services.SettlementLanes, "consumer", s.config.Consumer)
+	consumer := services.Component{Name: "batch consumer", Run: s.batch.Run}
+	if s.router != nil {
+		consumer = services.Component{
 			Name: "consumer router",
 			Run:  s.router.Run,
 			Stop: func(context.Context) error { return s.router.Close() },
-		},
+		}
+	}
+	err := services.RunComponents(ctx, logger, s.config.ShutdownTimeout,
+		services.Component{Name: "dedup purger", Run: s.purger.Run},
+		consumer,
 		services.HTTPComponent(s.server, s.listener),
 	)
 	logger.Info("settlement service stopped")

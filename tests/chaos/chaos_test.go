@@ -47,9 +47,7 @@ func TestChaos_KillOrders(t *testing.T) {
 
 func TestChaos_KillSettlement(t *testing.T) {
 	t.Parallel()
-	// Settlement runs with group commit here and in scenario 4: groups
-	// must survive a kill and terminated sessions as single messages do.
-	sc := newScenario(t, 20, "2 kill -9 settlement", stack.Config{OrdersArgs: ordersArgs(), SettlementArgs: midBatchArgs("-group-commit", "8")})
+	sc := newScenario(t, 20, "2 kill -9 settlement", stack.Config{OrdersArgs: ordersArgs(), SettlementArgs: midBatchArgs()})
 	sc.startOrders()
 	tr := sc.startTraffic(trafficConfig{Orders: 700, Rate: 200})
 	faultEnd := sc.killSettlementMidBatch(tr, 300)
@@ -58,9 +56,9 @@ func TestChaos_KillSettlement(t *testing.T) {
 
 // midBatchArgs are settlement's flags in the scenarios that kill it in the
 // middle of a batch: a small prefetch, so that a backlog waits in its queues
-// instead of all sitting in its prefetch windows.
+// instead of all sitting in its prefetch windows, and batches of at most 4.
 func midBatchArgs(extra ...string) []string {
-	return append([]string{"-prefetch", "8"}, extra...)
+	return append([]string{"-prefetch", "8", "-batch", "4"}, extra...)
 }
 
 // killSettlementMidBatch starts settlement once backlog orders are paid and
@@ -191,7 +189,7 @@ func (sc *scenario) watchOrdersTransactions(d time.Duration) time.Duration {
 func TestChaos_TerminateSessions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	sc := newScenario(t, 40, "4 pg_terminate_backend", stack.Config{OrdersArgs: ordersArgs(), SettlementArgs: []string{"-group-commit", "8"}})
+	sc := newScenario(t, 40, "4 pg_terminate_backend", stack.Config{OrdersArgs: ordersArgs()})
 	sc.startOrders()
 	sc.startSettlement()
 	tr := sc.startTraffic(trafficConfig{Orders: 700, Rate: 100})
@@ -421,8 +419,10 @@ func TestChaos_Redelivery(t *testing.T) {
 	t.Run("quorum_queue", func(t *testing.T) {
 		t.Parallel()
 		sc := newScenario(t, 80, "8 quorum queue, kill -9 settlement", stack.Config{
-			OrdersArgs:     ordersArgs("-queue-type", "quorum"),
-			SettlementArgs: midBatchArgs("-queue-type", "quorum"),
+			OrdersArgs: ordersArgs("-queue-type", "quorum"),
+			// The router consumer with group commit: its groups must
+			// survive a kill as batches and single messages do.
+			SettlementArgs: midBatchArgs("-queue-type", "quorum", "-consumer", "router", "-group-commit", "8"),
 		})
 		sc.startOrders()
 		tr := sc.startTraffic(trafficConfig{Orders: 700, Rate: 200})

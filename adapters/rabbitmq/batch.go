@@ -1,0 +1,341 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/middleware"
+)
+
+// BatchConsumer consumes queues whose messages must be handled in order
+// (lanes), handling the deliveries waiting in a queue together: up to
+// MaxBatch of them in one transaction of Dedup.ProcessBatch, acknowledged
+// with one multiple ack. It is the fast alternative to a Watermill router
+// with the AMQP subscriber, which hands a handler one message and waits for
+// its ack before the next, so each message costs its own transaction.
+//
+// When a batch fails (an error, a panic, a message without an event id, a
+// failed commit), nothing of it is committed and its messages are handled
+// again one at a time, in order, by Fallback: the same middleware chain a
+// router would run (set-aside, retry, recoverer, dedup and the handler), so
+// only a failing message is retried and set aside. Each message Fallback
+// handles is acked; if it fails (a transient error that must not be set
+// aside), the channel is closed, which returns that message, the rest of
+// the batch and the prefetched deliveries to the queue in their order, and
+// the queue is consumed again after a backoff.
+//
+// Each queue has its own connection and channel; a lost connection is
+// redialled with backoff. Deliveries are acked only after their
+// transaction committed: a crash in between redelivers them, and
+// processed_events makes the second delivery a duplicate.
+//
+// Messages a handler returns are not published: handlers that raise events
+// write them to an outbox through the dedup transaction.
+type BatchConsumer struct {
+	// URL is the broker, virtual host included. Required.
+	URL string
+	// Queues are the queues consumed, each in order. Required.
+	Queues []string
+	// Dedup opens each batch's transaction and marks its events in
+	// processed_events. Required.
+	Dedup middleware.Dedup
+	// Handle handles the new events of a batch through its transaction.
+	// Required.
+	Handle middleware.BatchHandler
+	// Fallback returns the handler chain for the messages of queue, used for
+	// each message of a failed batch. Required.
+	Fallback func(queue string) message.HandlerFunc
+	// MaxBatch bounds the deliveries handled in one transaction; default 32.
+	MaxBatch int
+	// Prefetch bounds the unacknowledged deliveries of each queue; default
+	// twice MaxBatch, so that the next batch is on its way while one is
+	// handled.
+	Prefetch int
+	// Linger is how long a batch waits for more deliveries after its first:
+	// deliveries the broker has already sent arrive within microseconds of
+	// each other, so a short linger collects them without waiting for new
+	// publishes. Default 200 µs.
+	Linger time.Duration
+	// MinBackoff and MaxBackoff bound the wait before consuming a queue
+	// again after its channel or connection failed; the wait doubles with
+	// each failure in a row. Defaults 100 ms and 5 s.
+	MinBackoff, MaxBackoff time.Duration
+	// OnBatch, when set, is called with the size of each batch committed.
+	OnBatch func(size int)
+	// Logger receives failures; default slog.Default().
+	Logger *slog.Logger
+
+	readyOnce sync.Once
+	ready     chan struct{}
+	waiting   sync.WaitGroup
+}
+
+// Batch defaults.
+const (
+	DefaultMaxBatch = 32
+	DefaultLinger   = 200 * time.Microsecond
+)
+
+func (c *BatchConsumer) setDefaults() {
+	if c.MaxBatch == 0 {
+		c.MaxBatch = DefaultMaxBatch
+	}
+	if c.Prefetch == 0 {
+		c.Prefetch = 2 * c.MaxBatch
+	}
+	if c.Linger == 0 {
+		c.Linger = DefaultLinger
+	}
+	if c.MinBackoff == 0 {
+		c.MinBackoff = 100 * time.Millisecond
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = 5 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Validate checks the configuration after defaults are applied.
+func (c *BatchConsumer) Validate() error {
+	var errs []error
+	if c.URL == "" {
+		errs = append(errs, errors.New("batch consumer: empty broker URL"))
+	}
+	if len(c.Queues) == 0 {
+		errs = append(errs, errors.New("batch consumer: no queues"))
+	}
+	if err := c.Dedup.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("batch consumer: %w", err))
+	}
+	if c.Handle == nil || c.Fallback == nil {
+		errs = append(errs, errors.New("batch consumer: needs a batch handler and a fallback"))
+	}
+	if c.MaxBatch < 0 || c.Prefetch < 0 || c.Linger < 0 || c.MinBackoff < 0 || c.MaxBackoff < 0 {
+		errs = append(errs, errors.New("batch consumer: sizes and durations must not be negative"))
+	}
+	if c.Prefetch > 0 && c.MaxBatch > c.Prefetch {
+		errs = append(errs, fmt.Errorf("batch consumer: batches of %d cannot fill with %d deliveries prefetched", c.MaxBatch, c.Prefetch))
+	}
+	return errors.Join(errs...)
+}
+
+// Ready is closed once every queue is being consumed. Call it after Run
+// started or before.
+func (c *BatchConsumer) Ready() <-chan struct{} {
+	c.readyOnce.Do(func() { c.ready = make(chan struct{}) })
+	return c.ready
+}
+
+// Run consumes until ctx ends, then stops taking deliveries, finishes the
+// batch in hand (its transaction is not cancelled) and closes the channels,
+// which returns the prefetched deliveries to their queues. Failures of the
+// broker or the database are logged and retried; Run returns an error only
+// for an invalid configuration.
+func (c *BatchConsumer) Run(ctx context.Context) error {
+	c.setDefaults()
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	c.Ready()
+	ready := c.ready
+	c.waiting.Add(len(c.Queues))
+	go func() {
+		c.waiting.Wait()
+		close(ready)
+	}()
+	var wg sync.WaitGroup
+	for _, queue := range c.Queues {
+		wg.Go(func() { c.consume(ctx, queue) })
+	}
+	wg.Wait()
+	return nil
+}
+
+// consume consumes queue until ctx ends, starting a new session after each
+// failure.
+func (c *BatchConsumer) consume(ctx context.Context, queue string) {
+	l := lane{c: c, queue: queue, fallback: c.Fallback(queue)}
+	backoff := c.MinBackoff
+	var markReady sync.Once
+	defer markReady.Do(c.waiting.Done) // Run must not wait forever on a lane that never consumed
+	for {
+		progressed, err := l.session(ctx, func() { markReady.Do(c.waiting.Done) })
+		if ctx.Err() != nil {
+			return
+		}
+		if progressed {
+			backoff = c.MinBackoff
+		}
+		c.Logger.Warn("batch consumer: consuming again after a failure", "queue", queue, "backoff", backoff, "error", err)
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+		backoff = min(2*backoff, c.MaxBackoff)
+	}
+}
+
+// lane consumes one queue.
+type lane struct {
+	c        *BatchConsumer
+	queue    string
+	fallback message.HandlerFunc
+}
+
+// session consumes the queue on a connection of its own until ctx ends
+// (nil) or the channel fails (the error). progressed reports whether a
+// batch was acked, which resets the backoff.
+func (l *lane) session(ctx context.Context, consuming func()) (progressed bool, err error) {
+	conn, err := Dial(ctx, l.c.URL)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return false, fmt.Errorf("open channel: %w", err)
+	}
+	if err := ch.Qos(l.c.Prefetch, 0, false); err != nil {
+		return false, fmt.Errorf("set prefetch: %w", err)
+	}
+	deliveries, err := ch.Consume(l.queue, "", false, false, false, false, nil)
+	if err != nil {
+		return false, fmt.Errorf("consume %s: %w", l.queue, err)
+	}
+	// Closing the channel returns the unacked deliveries to the queue and
+	// ends the deliveries, which are drained so that amqp091's dispatcher
+	// never blocks on an abandoned consumer.
+	defer func() {
+		_ = ch.Close()
+		for range deliveries {
+		}
+	}()
+	consuming()
+
+	linger := time.NewTimer(time.Hour)
+	defer linger.Stop()
+	for {
+		batch, open := l.collect(ctx, deliveries, linger)
+		if len(batch) > 0 {
+			if err := l.handle(ctx, batch); err != nil {
+				return progressed, err
+			}
+			progressed = true
+		}
+		if ctx.Err() != nil {
+			return progressed, nil
+		}
+		if !open {
+			return progressed, errors.New("deliveries ended: the channel or connection closed")
+		}
+	}
+}
+
+// collect waits for a delivery, then takes those arriving within the
+// linger after it, up to MaxBatch. open is false once deliveries closed.
+func (l *lane) collect(ctx context.Context, deliveries <-chan amqp.Delivery, linger *time.Timer) (batch []amqp.Delivery, open bool) {
+	select {
+	case d, ok := <-deliveries:
+		if !ok {
+			return nil, false
+		}
+		batch = append(batch, d)
+	case <-ctx.Done():
+		return nil, true
+	}
+	linger.Reset(l.c.Linger)
+	defer func() {
+		if !linger.Stop() {
+			select {
+			case <-linger.C:
+			default:
+			}
+		}
+	}()
+	for len(batch) < l.c.MaxBatch {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return batch, false
+			}
+			batch = append(batch, d)
+		case <-linger.C:
+			return batch, true
+		}
+	}
+	return batch, true
+}
+
+// handle handles batch in one transaction and acks it; if the batch fails,
+// it hands each message to the fallback in order, acking each it handled.
+// An error means the channel must be closed: a delivery could not be acked,
+// or the fallback failed a message, which goes back to the queue with the
+// ones after it.
+func (l *lane) handle(ctx context.Context, batch []amqp.Delivery) error {
+	// A batch in hand is finished even when ctx ends: its transaction is
+	// short, and finishing it spares a redelivery.
+	ctx = context.WithoutCancel(ctx)
+	msgs := make([]*message.Message, len(batch))
+	for i, d := range batch {
+		msg, err := Marshaler{}.Unmarshal(d)
+		if err != nil {
+			return err
+		}
+		msg.SetContext(ctx)
+		msgs[i] = msg
+	}
+	_, err := l.processBatch(ctx, msgs)
+	if err == nil {
+		if l.c.OnBatch != nil {
+			l.c.OnBatch(len(batch))
+		}
+		if err := batch[len(batch)-1].Ack(true); err != nil {
+			return fmt.Errorf("ack %d deliveries: %w", len(batch), err)
+		}
+		return nil
+	}
+	l.c.Logger.Debug("batch consumer: batch failed, handling its messages one at a time",
+		"queue", l.queue, "size", len(batch), "error", err)
+	for i, d := range batch {
+		if err := l.handleOne(msgs[i]); err != nil {
+			return fmt.Errorf("message %s failed; it and the %d after it in its batch go back to the queue: %w", msgs[i].UUID, len(batch)-1-i, err)
+		}
+		if err := d.Ack(false); err != nil {
+			return fmt.Errorf("ack message %s: %w", msgs[i].UUID, err)
+		}
+	}
+	return nil
+}
+
+// processBatch runs Dedup.ProcessBatch, turning a panic into an error.
+func (l *lane) processBatch(ctx context.Context, msgs []*message.Message) (n int, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("batch handler panicked: %v", p)
+		}
+	}()
+	return l.c.Dedup.ProcessBatch(ctx, msgs, l.c.Handle)
+}
+
+// handleOne runs the fallback chain on msg, turning a panic into an error.
+func (l *lane) handleOne(msg *message.Message) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("handler panicked: %v", p)
+		}
+	}()
+	_, err = l.fallback(msg)
+	return err
+}
