@@ -64,6 +64,7 @@ func TestRun(t *testing.T) {
 			{GroupLimit, figConsume, ""},
 			{GroupLimit, figSettleEach, ""},
 			{GroupLimit, figSettle, ""},
+			{GroupLimit, figSettleBatched, ""},
 			{GroupLimit, figSettleBatch, ""},
 			{GroupDrain, figDrain(300), "relay/watermill"},
 			{GroupE2E, figE2E, BaselineNaive},

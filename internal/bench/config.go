@@ -101,9 +101,13 @@ type Config struct {
 	WakeWindow time.Duration
 	// ConsumerPrefetch is the prefetch of the settlement-style consumer.
 	ConsumerPrefetch int
-	// GroupCommit is the settlement consumer's group commit (messages of
+	// Consumer is the settlement consumer of the pipelines, baselines
+	// included: ConsumerBatch (the service's default) or ConsumerRouter.
+	// The consumer limits are measured with each, whatever it is.
+	Consumer string
+	// GroupCommit is the router consumer's group commit (messages of
 	// different lanes that may share a transaction) in the pipelines; the
-	// service's default is 1. The consumer limits are measured with 1 and
+	// service's default is 1. The router's limits are measured with 1 and
 	// with services.SettlementLanes, whatever it is.
 	GroupCommit int
 
@@ -157,6 +161,7 @@ func FullConfig(adminDatabaseURL, amqpURL string) Config {
 		IdleWindow:        6 * time.Second,
 		WakeWindow:        3 * time.Second,
 		ConsumerPrefetch:  64,
+		Consumer:          ConsumerBatch,
 		GroupCommit:       1,
 		TunedPollInterval: 10 * time.Millisecond,
 		TunedBatchSize:    1000,
@@ -231,6 +236,11 @@ func (c Config) Validate() error {
 		if w < 1 {
 			errs = append(errs, fmt.Errorf("writer count must be at least 1, got %d", w))
 		}
+	}
+	if c.Consumer != ConsumerBatch && c.Consumer != ConsumerRouter {
+		errs = append(errs, fmt.Errorf("consumer %q is neither %s nor %s", c.Consumer, ConsumerBatch, ConsumerRouter))
+	} else if c.Consumer == ConsumerBatch && c.GroupCommit > 1 {
+		errs = append(errs, errors.New("group commit is a setting of the router consumer"))
 	}
 	last := 0
 	for _, l := range c.Loads {

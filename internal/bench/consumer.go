@@ -21,22 +21,72 @@ import (
 	"github.com/outboxmill/outboxmill/services/settlement"
 )
 
-// consumer is the settlement service's consumer (settlement.Lanes): one
-// Watermill handler per lane queue (lanes run in parallel, each in order),
-// the settlement handler behind set-aside, retry, recoverer and dedup in the
-// handler's transaction, which the lanes' messages may share (group commit).
-// It records in a tracker when each event was handled.
+// Consumer kinds, as the settlement service names them.
+const (
+	ConsumerBatch  = settlement.ConsumerBatch
+	ConsumerRouter = settlement.ConsumerRouter
+)
+
+// consumerSpec says which settlement consumer to run.
+type consumerSpec struct {
+	// Kind is ConsumerBatch or ConsumerRouter.
+	Kind string
+	// Prefetch bounds the deliveries in flight per lane.
+	Prefetch int
+	// GroupCommit is the router consumer's group commit.
+	GroupCommit int
+}
+
+// consumer is the settlement service's consumer (settlement.Lanes), lanes
+// in parallel, each in order, the settlement handler behind set-aside,
+// retry, recoverer and dedup in the handler's transaction: either the batch
+// consumer, or one Watermill handler per lane whose messages may share
+// transactions by group commit. It records in a tracker when each event was
+// handled: after its transaction committed, before its ack.
 type consumer struct {
 	router *message.Router
 	sub    *wmamqp.Subscriber
+	cancel context.CancelFunc
 	done   chan error
 }
 
 // startConsumer starts consuming the lane queues of names into the
 // settlement tables of db.
-func startConsumer(ctx context.Context, db *sqlx.DB, amqpURL string, names services.Names, prefetch, groupCommit int, tr *tracker, logger *slog.Logger) (*consumer, error) {
+func startConsumer(ctx context.Context, db *sqlx.DB, amqpURL string, names services.Names, spec consumerSpec, tr *tracker, logger *slog.Logger) (*consumer, error) {
+	consumerMetrics, err := metrics.NewConsumer(prometheus.NewRegistry())
+	if err != nil {
+		return nil, err
+	}
+	lanes := settlement.Lanes{
+		DB:          db,
+		Names:       names,
+		GroupCommit: spec.GroupCommit,
+		Metrics:     consumerMetrics.Handler(settle.HandlerName),
+		OnDuplicate: func(*message.Message) { tr.duplicate() },
+		Logger:      logger,
+	}
+	if spec.Kind == ConsumerBatch {
+		lanes.OnProcessed = func(msg *message.Message) { tr.handle(msg.UUID, time.Now()) }
+		batch, err := lanes.Batched(amqpURL, 0, spec.Prefetch)
+		if err != nil {
+			return nil, err
+		}
+		runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		c := &consumer{cancel: cancel, done: make(chan error, 1)}
+		go func() { c.done <- batch.Run(runCtx) }()
+		select {
+		case <-batch.Ready():
+			return c, nil
+		case err := <-c.done:
+			cancel()
+			return nil, fmt.Errorf("batch consumer stopped at start: %w", err)
+		case <-ctx.Done():
+			return nil, errors.Join(ctx.Err(), c.close())
+		}
+	}
+
 	wmLogger := watermill.NewSlogLogger(logger)
-	sub, err := wmamqp.NewSubscriber(rabbitmq.SubscriberConfig(amqpURL, names.Exchange(), prefetch), wmLogger)
+	sub, err := wmamqp.NewSubscriber(rabbitmq.SubscriberConfig(amqpURL, names.Exchange(), spec.Prefetch), wmLogger)
 	if err != nil {
 		return nil, fmt.Errorf("consumer subscriber: %w", err)
 	}
@@ -45,20 +95,7 @@ func startConsumer(ctx context.Context, db *sqlx.DB, amqpURL string, names servi
 		_ = sub.Close()
 		return nil, fmt.Errorf("consumer router: %w", err)
 	}
-	consumerMetrics, err := metrics.NewConsumer(prometheus.NewRegistry())
-	if err != nil {
-		_ = sub.Close()
-		return nil, err
-	}
-	lanes := settlement.Lanes{
-		DB:          db,
-		Names:       names,
-		GroupCommit: groupCommit,
-		Metrics:     consumerMetrics.Handler(settle.HandlerName),
-		Wrap:        handledAt(tr),
-		OnDuplicate: func(*message.Message) { tr.duplicate() },
-		Logger:      logger,
-	}
+	lanes.Wrap = handledAt(tr)
 	if err := lanes.Add(router, sub); err != nil {
 		_ = sub.Close()
 		return nil, err
@@ -90,16 +127,24 @@ func handledAt(tr *tracker) message.HandlerMiddleware {
 	}
 }
 
-// close stops consuming after the message in flight.
+// close stops consuming after the messages in flight.
 func (c *consumer) close() error {
-	err := c.router.Close()
+	var err error
+	if c.router != nil {
+		err = c.router.Close()
+	} else {
+		c.cancel()
+	}
 	select {
 	case runErr := <-c.done:
 		err = errors.Join(err, runErr)
 	case <-time.After(30 * time.Second):
 		err = errors.Join(err, errors.New("consumer did not stop within 30 s"))
 	}
-	return errors.Join(err, c.sub.Close())
+	if c.sub != nil {
+		err = errors.Join(err, c.sub.Close())
+	}
+	return err
 }
 
 // checkIntegrity compares what tr says was committed with the settlement

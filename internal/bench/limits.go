@@ -24,7 +24,8 @@ const (
 	figConsume       = "consume, manual ack each"
 	figSettleEach    = "consume+settle, 8 lanes, tx per event"
 	figSettle        = "consume+settle, 8 lanes, group commit"
-	figSettleBatch   = "consume+settle, 8 lanes, batch per lane"
+	figSettleBatched = "consume+settle, 8 lanes, batch consumer"
+	figSettleBatch   = "consume+settle, 8 lanes, bare batches"
 )
 
 // figPublishBacklog names the broker's rate for a backlog's worth of
@@ -85,9 +86,10 @@ func (r *runner) measureLimits(ctx context.Context, reps int) error {
 			name, note string
 			settle     settleFunc
 		}{
-			{figSettleEach, "", r.settleWithConsumer(1)},
-			{figSettle, fmt.Sprintf("groups of up to %d", services.SettlementLanes), r.settleWithConsumer(services.SettlementLanes)},
-			{figSettleBatch, fmt.Sprintf("up to %d of a lane per transaction and multiple ack, amqp091 without Watermill: not a shipped consumer", batchSettleMax), r.settleInBatches},
+			{figSettleEach, "router consumer", r.settleWithConsumer(consumerSpec{Kind: ConsumerRouter, Prefetch: r.cfg.ConsumerPrefetch, GroupCommit: 1})},
+			{figSettle, fmt.Sprintf("router consumer, groups of up to %d", services.SettlementLanes), r.settleWithConsumer(consumerSpec{Kind: ConsumerRouter, Prefetch: r.cfg.ConsumerPrefetch, GroupCommit: services.SettlementLanes})},
+			{figSettleBatched, fmt.Sprintf("up to %d of a lane per transaction", rabbitmq.DefaultMaxBatch), r.settleWithConsumer(consumerSpec{Kind: ConsumerBatch, Prefetch: r.cfg.ConsumerPrefetch})},
+			{figSettleBatch, fmt.Sprintf("up to %d of a lane per transaction and multiple ack, amqp091 without failure handling: not a shipped consumer", batchSettleMax), r.settleInBatches},
 		} {
 			if err := r.measureSettleLimit(ctx, c.name, c.note, c.settle); err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
@@ -224,12 +226,29 @@ func (r *runner) measureBrokerLimits(ctx context.Context) error {
 // tr has every one handled, and returns how long that took.
 type settleFunc func(ctx context.Context, db *sqlx.DB, conn *amqp.Connection, names services.Names, tr *tracker) (time.Duration, error)
 
-// settleWithConsumer settles with the settlement consumer (startConsumer)
-// and groupCommit.
-func (r *runner) settleWithConsumer(groupCommit int) settleFunc {
+// consumerSpec is the settlement consumer of the pipelines.
+func (r *runner) consumerSpec() consumerSpec {
+	return consumerSpec{Kind: r.cfg.Consumer, Prefetch: r.cfg.ConsumerPrefetch, GroupCommit: r.cfg.GroupCommit}
+}
+
+// consumerLimit names the limit figure of the pipelines' consumer.
+func (c Config) consumerLimit() string {
+	switch {
+	case c.Consumer == ConsumerBatch:
+		return figSettleBatched
+	case c.GroupCommit > 1:
+		return figSettle
+	default:
+		return figSettleEach
+	}
+}
+
+// settleWithConsumer settles with the settlement consumer spec
+// (startConsumer).
+func (r *runner) settleWithConsumer(spec consumerSpec) settleFunc {
 	return func(ctx context.Context, db *sqlx.DB, _ *amqp.Connection, names services.Names, tr *tracker) (time.Duration, error) {
 		start := time.Now()
-		cons, err := startConsumer(ctx, db, r.servers.AMQPURL, names, r.cfg.ConsumerPrefetch, groupCommit, tr, r.cfg.Logger)
+		cons, err := startConsumer(ctx, db, r.servers.AMQPURL, names, spec, tr, r.cfg.Logger)
 		if err != nil {
 			return 0, err
 		}

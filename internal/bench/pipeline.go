@@ -245,7 +245,7 @@ func (r *runner) setUp(ctx context.Context, v variant) (p *pipeline, err error) 
 	if err != nil {
 		return p, err
 	}
-	p.cons, err = startConsumer(ctx, p.work.settleDB, r.servers.AMQPURL, p.names, r.cfg.ConsumerPrefetch, r.cfg.GroupCommit, p.tr, r.cfg.Logger)
+	p.cons, err = startConsumer(ctx, p.work.settleDB, r.servers.AMQPURL, p.names, r.consumerSpec(), p.tr, r.cfg.Logger)
 	if err != nil {
 		return p, err
 	}

@@ -84,6 +84,7 @@ type Settings struct {
 	IdleWindowS      float64 `json:"idle_window_s"`
 	WakeWindowS      float64 `json:"wake_window_s"`
 	ConsumerPrefetch int     `json:"consumer_prefetch"`
+	Consumer         string  `json:"consumer"`
 	GroupCommit      int     `json:"group_commit"`
 }
 
@@ -94,7 +95,7 @@ func settingsOf(c Config) Settings {
 		Backlog: c.Backlog, DrainMaxS: c.DrainMax.Seconds(), Producers: c.Producers, MaxInFlight: c.MaxInFlight,
 		E2EWindowS: c.E2EWindow.Seconds(), WarmupS: c.Warmup.Seconds(), Loads: c.Loads,
 		CapacityShare: c.CapacityShare, LatencyWindowS: c.LatencyWindow.Seconds(), IdleWindowS: c.IdleWindow.Seconds(),
-		WakeWindowS: c.WakeWindow.Seconds(), ConsumerPrefetch: c.ConsumerPrefetch, GroupCommit: c.GroupCommit,
+		WakeWindowS: c.WakeWindow.Seconds(), ConsumerPrefetch: c.ConsumerPrefetch, Consumer: c.Consumer, GroupCommit: c.GroupCommit,
 	}
 }
 

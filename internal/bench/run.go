@@ -180,7 +180,7 @@ func (r *runner) finish() {
 				ref, ok := rep.find(GroupLimit, figPublishEach, "")
 				addRatio(f, "limit", "confirm each", ref, ok)
 			}
-			if f.Name == figSettle || f.Name == figSettleBatch {
+			if f.Name == figSettle || f.Name == figSettleBatched || f.Name == figSettleBatch {
 				ref, ok := rep.find(GroupLimit, figSettleEach, "")
 				addRatio(f, "limit", "tx per event", ref, ok)
 			}
@@ -193,7 +193,7 @@ func (r *runner) finish() {
 			if f.Name == figE2E {
 				ref, ok := commitRef(r.cfg.Producers)
 				addRatio(f, "limit", "commit rate", ref, ok)
-				ref, ok = rep.find(GroupLimit, figSettle, "")
+				ref, ok = rep.find(GroupLimit, r.cfg.consumerLimit(), "")
 				addRatio(f, "limit", "consumer", ref, ok)
 			}
 		case GroupWake:

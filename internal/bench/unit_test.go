@@ -81,7 +81,7 @@ func TestRunner_finish(t *testing.T) {
 	fig(GroupLimit, figCommit(16), "", 0, 4000)
 	fig(GroupLimit, figPublishEach, "", 0, 2000)
 	fig(GroupLimit, figPublishWindow+" 256", "", 0, 20000)
-	fig(GroupLimit, figSettle, "", 0, 2500)
+	fig(GroupLimit, figSettleBatched, "", 0, 2500)
 	fig(GroupDrain, figDrain(100), BaselineStock, 0, 1000)
 	fig(GroupDrain, figDrain(100), "relay/outboxmill", 0, 15000)
 	fig(GroupE2E, figE2E, BaselineStock, 0, 500)
