@@ -1,0 +1,110 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/outboxmill/outboxmill/domain"
+	"github.com/outboxmill/outboxmill/internal/testdb"
+	"github.com/outboxmill/outboxmill/middleware"
+)
+
+func TestDedup_ProcessBatch(t *testing.T) {
+	t.Parallel()
+	db := testdb.NewSettlement(t)
+	newEffectsTable(t, db)
+	ctx := context.Background()
+
+	// batchHandler writes an effect per message through tx, after fail
+	// says no, and records the messages it was given.
+	batchHandler := func(got *[]string, fail error) middleware.BatchHandler {
+		return func(ctx context.Context, tx *sqlx.Tx, msgs []*message.Message) error {
+			if ctxTx, ok := middleware.Tx(ctx); !ok || ctxTx != tx {
+				return errors.New("the batch's transaction is not in its context")
+			}
+			for _, msg := range msgs {
+				*got = append(*got, msg.UUID)
+				if _, err := tx.ExecContext(ctx, `INSERT INTO effects (event_id, handler) VALUES ($1, 'batch')`, msg.UUID); err != nil {
+					return err
+				}
+			}
+			return fail
+		}
+	}
+	messages := func(ids ...string) []*message.Message {
+		out := make([]*message.Message, len(ids))
+		for i, id := range ids {
+			out[i] = newMessage(ctx, id)
+		}
+		return out
+	}
+
+	t.Run("new events handled in order, duplicates skipped", func(t *testing.T) {
+		t.Parallel()
+		ids := []string{domain.NewEventID(), domain.NewEventID(), domain.NewEventID(), domain.NewEventID()}
+		if _, err := db.Exec(`INSERT INTO processed_events (event_id, handler) VALUES ($1, 'batch')`, ids[1]); err != nil {
+			t.Fatal(err)
+		}
+		var handled, processed, duplicates []string
+		dedup := middleware.Dedup{
+			DB: db.DB, Handler: "batch",
+			OnProcessed: func(msg *message.Message) { processed = append(processed, msg.UUID) },
+			OnDuplicate: func(msg *message.Message) { duplicates = append(duplicates, msg.UUID) },
+		}
+		// ids[2] comes twice: its second copy is a duplicate.
+		n, err := dedup.ProcessBatch(ctx, messages(ids[0], ids[1], ids[2], ids[2], ids[3]), batchHandler(&handled, nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{ids[0], ids[2], ids[3]}
+		if n != 3 || !slices.Equal(handled, want) || !slices.Equal(processed, want) {
+			t.Errorf("handled %d %v, processed %v; want %v", n, handled, processed, want)
+		}
+		if !slices.Equal(duplicates, []string{ids[1], ids[2]}) {
+			t.Errorf("duplicates %v, want %v", duplicates, []string{ids[1], ids[2]})
+		}
+		for _, id := range ids {
+			if effects, markers := counts(t, db, id); markers != 1 || effects != map[bool]int{true: 0, false: 1}[id == ids[1]] {
+				t.Errorf("event %s: %d effects, %d markers", id, effects, markers)
+			}
+		}
+	})
+
+	t.Run("a failing handler leaves neither effects nor markers", func(t *testing.T) {
+		t.Parallel()
+		ids := []string{domain.NewEventID(), domain.NewEventID()}
+		var handled, processed []string
+		dedup := middleware.Dedup{DB: db.DB, Handler: "batch", OnProcessed: func(msg *message.Message) { processed = append(processed, msg.UUID) }}
+		boom := errors.New("boom")
+		if _, err := dedup.ProcessBatch(ctx, messages(ids...), batchHandler(&handled, boom)); !errors.Is(err, boom) {
+			t.Fatalf("got %v, want the handler's error", err)
+		}
+		for _, id := range ids {
+			if effects, markers := counts(t, db, id); effects+markers != 0 {
+				t.Errorf("event %s: %d effects, %d markers after a failed batch", id, effects, markers)
+			}
+		}
+		if len(processed) != 0 {
+			t.Errorf("OnProcessed called for %v of a failed batch", processed)
+		}
+	})
+
+	t.Run("a message without an event id fails the batch before any write", func(t *testing.T) {
+		t.Parallel()
+		id := domain.NewEventID()
+		var handled []string
+		dedup := middleware.Dedup{DB: db.DB, Handler: "batch"}
+		_, err := dedup.ProcessBatch(ctx, messages(id, ""), batchHandler(&handled, nil))
+		if !errors.Is(err, middleware.ErrNoEventID) || !middleware.IsPermanent(err) {
+			t.Fatalf("got %v, want a permanent ErrNoEventID", err)
+		}
+		if effects, markers := counts(t, db, id); effects+markers != 0 || len(handled) != 0 {
+			t.Errorf("event %s: %d effects, %d markers, handled %v", id, effects, markers, handled)
+		}
+	})
+}
