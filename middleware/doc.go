@@ -8,7 +8,9 @@
 //     it so that the messages behind it keep flowing;
 //   - Dedup records each (event id, handler) pair in processed_events in the
 //     same transaction as the handler's own writes, so a redelivered event has
-//     no second effect;
+//     no second effect; Dedup.ProcessBatch does that for a batch of messages
+//     in one transaction (a BatchHandler writes their effects), for consumers
+//     that hand over several messages at once (rabbitmq.BatchConsumer);
 //   - DedupGroup is Dedup with group commit: the messages that handlers
 //     running in parallel (lanes) hand it while a group is in its transaction
 //     share the next transaction;

@@ -47,6 +47,11 @@ type batchFixture struct {
 }
 
 func newBatchFixture(t *testing.T, lanes int) *batchFixture {
+	return newBatchFixtureOf(t, lanes, rabbitmq.QueueClassic)
+}
+
+// newBatchFixtureOf is newBatchFixture with queues of queueType.
+func newBatchFixtureOf(t *testing.T, lanes int, queueType string) *batchFixture {
 	t.Helper()
 	f := &batchFixture{t: t, db: testdb.NewSettlement(t), sent: map[string][]string{}, attempts: map[string]int{}}
 	if _, err := f.db.Exec(`CREATE TABLE effects (seq bigserial PRIMARY KEY, lane text NOT NULL, event_id text NOT NULL, tx bigint NOT NULL DEFAULT txid_current())`); err != nil {
@@ -59,7 +64,7 @@ func newBatchFixture(t *testing.T, lanes int) *batchFixture {
 	prefix := stack.UniqueName("test.batch.")
 	for i := range lanes {
 		q := fmt.Sprintf("%s.%d", prefix, i)
-		if _, err := f.pub.QueueDeclare(q, true, false, false, false, amqp.Table{"x-single-active-consumer": true}); err != nil {
+		if _, err := f.pub.QueueDeclare(q, true, false, false, false, amqp.Table{"x-single-active-consumer": true, "x-queue-type": queueType}); err != nil {
 			t.Fatal(err)
 		}
 		f.queues = append(f.queues, q)
@@ -379,32 +384,39 @@ func TestBatchConsumer_FailedBatchFallsBackToOneAtATime(t *testing.T) {
 
 func TestBatchConsumer_TransientFailureReturnsMessagesInOrder(t *testing.T) {
 	t.Parallel()
-	f := newBatchFixture(t, 1)
-	q := f.queues[0]
-	stuck := fmt.Sprintf("%s/%06d", q, 50)
-	// Each time it is delivered, the batch, the fallback and its retry
-	// fail: the channel is closed twice before its third delivery gets
-	// through.
-	f.fail = func(id string, attempt int) error {
-		if id == stuck && attempt <= 6 {
-			return errTransient
-		}
-		return nil
-	}
-	f.publish(200, nil)
-	stop := f.run(f.consumer(amqpURL()))
-	f.waitEffects(200)
-	stop()
+	// Classic queues put returned messages back where they were; quorum
+	// queues deliver them before the rest.
+	for _, queueType := range []string{rabbitmq.QueueClassic, rabbitmq.QueueQuorum} {
+		t.Run(queueType, func(t *testing.T) {
+			t.Parallel()
+			f := newBatchFixtureOf(t, 1, queueType)
+			q := f.queues[0]
+			stuck := fmt.Sprintf("%s/%06d", q, 50)
+			// Each time it is delivered, the batch, the fallback and its
+			// retry fail: the channel is closed twice before its third
+			// delivery gets through.
+			f.fail = func(id string, attempt int) error {
+				if id == stuck && attempt <= 6 {
+					return errTransient
+				}
+				return nil
+			}
+			f.publish(200, nil)
+			stop := f.run(f.consumer(amqpURL()))
+			f.waitEffects(200)
+			stop()
 
-	f.checkEffects(f.sent)
-	f.checkQueuesEmpty()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.attempts[stuck] != 7 {
-		t.Errorf("stuck message tried %d times, want 7", f.attempts[stuck])
-	}
-	if n := f.db.Count(t, `SELECT count(*) FROM set_aside_messages`); n != 0 {
-		t.Errorf("%d messages set aside after transient failures, want 0", n)
+			f.checkEffects(f.sent)
+			f.checkQueuesEmpty()
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if f.attempts[stuck] != 7 {
+				t.Errorf("stuck message tried %d times, want 7", f.attempts[stuck])
+			}
+			if n := f.db.Count(t, `SELECT count(*) FROM set_aside_messages`); n != 0 {
+				t.Errorf("%d messages set aside after transient failures, want 0", n)
+			}
+		})
 	}
 }
 
