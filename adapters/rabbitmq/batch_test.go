@@ -222,10 +222,16 @@ func (f *batchFixture) effects() map[string][]string {
 // waitEffects waits until n effects are written.
 func (f *batchFixture) waitEffects(n int) {
 	f.t.Helper()
+	f.waitUntil(fmt.Sprintf("%d effects", n), func() bool { return f.db.Count(f.t, `SELECT count(*) FROM effects`) >= n })
+}
+
+// waitUntil polls cond until it holds, failing the test after 30 s.
+func (f *batchFixture) waitUntil(what string, cond func() bool) {
+	f.t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
-	for f.db.Count(f.t, `SELECT count(*) FROM effects`) < n {
+	for !cond() {
 		if time.Now().After(deadline) {
-			f.t.Fatalf("%d of %d effects after 30 s", f.db.Count(f.t, `SELECT count(*) FROM effects`), n)
+			f.t.Fatalf("no %s after 30 s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -321,10 +327,7 @@ func TestBatchConsumer_SkipsDuplicates(t *testing.T) {
 		}
 	}
 	f.waitEffects(len(want))
-	deadline := time.Now().Add(10 * time.Second)
-	for f.duplicates.Load() < 11 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	f.waitUntil("11 duplicates", func() bool { return f.duplicates.Load() >= 11 })
 	stop()
 
 	f.checkEffects(map[string][]string{q: want})
@@ -359,10 +362,7 @@ func TestBatchConsumer_FailedBatchFallsBackToOneAtATime(t *testing.T) {
 			f.publish(80, func(q string, i int) (string, bool) { return tc.poison(q), i == 40 })
 			stop := f.run(f.consumer(amqpURL()))
 			f.waitEffects(2 * 79)
-			deadline := time.Now().Add(10 * time.Second)
-			for f.db.Count(t, `SELECT count(*) FROM set_aside_messages`) < 2 && time.Now().Before(deadline) {
-				time.Sleep(5 * time.Millisecond)
-			}
+			f.waitUntil("2 set-aside messages", func() bool { return f.db.Count(t, `SELECT count(*) FROM set_aside_messages`) >= 2 })
 			stop()
 
 			want := map[string][]string{}
