@@ -1,7 +1,8 @@
 // Package settlement assembles the settlement service: the OrderPaid consumer
-// (Lanes: one handler per lane queue behind the recover, set-aside, retry and
-// dedup middleware, optionally sharing transactions by group commit), and the
-// HTTP API showing an order's ledger entries.
+// (Lanes: 8 lane queues, each in order, settled in batches by a
+// rabbitmq.BatchConsumer or one message at a time by a Watermill router,
+// behind the set-aside, retry, recover and dedup middleware), and the HTTP
+// API showing an order's ledger entries.
 package settlement
 
 import (
