@@ -128,8 +128,9 @@ func (c *BatchConsumer) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Ready is closed once every queue is being consumed. Call it after Run
-// started or before.
+// Ready is closed once every queue is being consumed (or Run is returning
+// before they all were, its context ended). Call it before or after Run
+// started.
 func (c *BatchConsumer) Ready() <-chan struct{} {
 	c.readyOnce.Do(func() { c.ready = make(chan struct{}) })
 	return c.ready
