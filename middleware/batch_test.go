@@ -108,3 +108,101 @@ func TestDedup_ProcessBatch(t *testing.T) {
 		}
 	})
 }
+
+func TestDedup_PipelineBatch(t *testing.T) {
+	t.Parallel()
+	db := testdb.NewSettlement(t)
+	newEffectsTable(t, db)
+	ctx := context.Background()
+	messages := func(ids ...string) []*message.Message {
+		out := make([]*message.Message, len(ids))
+		for i, id := range ids {
+			out[i] = newMessage(ctx, id)
+		}
+		return out
+	}
+	// statements writes an effect per message in one statement, then runs
+	// extra, if any.
+	statements := func(extra ...middleware.Statement) middleware.BatchStatements {
+		return func(msgs []*message.Message) ([]middleware.Statement, error) {
+			ids := make([]string, len(msgs))
+			for i, msg := range msgs {
+				ids[i] = msg.UUID
+			}
+			return append([]middleware.Statement{{
+				SQL:  `INSERT INTO effects (event_id, handler) SELECT id, 'pipelined' FROM unnest($1::text[]) AS id`,
+				Args: []any{ids},
+			}}, extra...), nil
+		}
+	}
+	// written returns the effects and markers of ids.
+	written := func(t *testing.T, ids []string) (effects, markers int) {
+		t.Helper()
+		for _, id := range ids {
+			e, m := counts(t, db, id)
+			effects, markers = effects+e, markers+m
+		}
+		return effects, markers
+	}
+
+	t.Run("new events: effects and markers committed", func(t *testing.T) {
+		t.Parallel()
+		ids := []string{domain.NewEventID(), domain.NewEventID(), domain.NewEventID()}
+		var processed []string
+		dedup := middleware.Dedup{DB: db.DB, Handler: "pipelined", OnProcessed: func(msg *message.Message) { processed = append(processed, msg.UUID) }}
+		n, err := dedup.PipelineBatch(ctx, messages(ids...), statements())
+		if err != nil || n != 3 {
+			t.Fatalf("handled %d, err %v; want 3", n, err)
+		}
+		if effects, markers := written(t, ids); effects != 3 || markers != 3 {
+			t.Errorf("%d effects, %d markers; want 3 and 3", effects, markers)
+		}
+		if !slices.Equal(processed, ids) {
+			t.Errorf("processed %v, want %v", processed, ids)
+		}
+	})
+
+	for _, tc := range []struct {
+		name  string
+		setup func(ids []string) []string // returns the batch
+	}{
+		{"an event processed before", func(ids []string) []string {
+			if _, err := db.Exec(`INSERT INTO processed_events (event_id, handler) VALUES ($1, 'pipelined')`, ids[1]); err != nil {
+				t.Fatal(err)
+			}
+			return ids
+		}},
+		{"an event twice in the batch", func(ids []string) []string { return append(ids, ids[0]) }},
+	} {
+		t.Run(tc.name+" is not pipelined and writes nothing", func(t *testing.T) {
+			t.Parallel()
+			ids := []string{domain.NewEventID(), domain.NewEventID(), domain.NewEventID()}
+			batch := tc.setup(ids)
+			var processed []string
+			dedup := middleware.Dedup{DB: db.DB, Handler: "pipelined", OnProcessed: func(msg *message.Message) { processed = append(processed, msg.UUID) }}
+			if _, err := dedup.PipelineBatch(ctx, messages(batch...), statements()); !errors.Is(err, middleware.ErrNotPipelined) {
+				t.Fatalf("got %v, want ErrNotPipelined", err)
+			}
+			fresh := []string{ids[0], ids[2]}
+			if effects, markers := written(t, fresh); effects+markers != 0 {
+				t.Errorf("%d effects, %d markers of the new events; want none", effects, markers)
+			}
+			if len(processed) != 0 {
+				t.Errorf("OnProcessed called for %v", processed)
+			}
+		})
+	}
+
+	t.Run("a failing statement rolls back the markers", func(t *testing.T) {
+		t.Parallel()
+		ids := []string{domain.NewEventID(), domain.NewEventID()}
+		dedup := middleware.Dedup{DB: db.DB, Handler: "pipelined"}
+		_, err := dedup.PipelineBatch(ctx, messages(ids...), statements(middleware.Statement{SQL: `SELECT 1/0`}))
+		if err == nil || errors.Is(err, middleware.ErrNotPipelined) {
+			t.Fatalf("got %v, want the statement's error", err)
+		}
+		if effects, markers := written(t, ids); effects+markers != 0 {
+			t.Errorf("%d effects, %d markers after a failed batch; want none", effects, markers)
+		}
+	})
+}

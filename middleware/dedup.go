@@ -6,6 +6,9 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/jmoiron/sqlx"
 )
 
@@ -198,3 +201,74 @@ func (d Dedup) ProcessBatch(ctx context.Context, msgs []*message.Message, h Batc
 	}
 	return len(fresh), nil
 }
+
+// Statement is an SQL statement and its arguments.
+type Statement struct {
+	SQL  string
+	Args []any
+}
+
+// BatchStatements returns the statements that write the effects of msgs:
+// the pipelined form of a BatchHandler, for Dedup.PipelineBatch.
+type BatchStatements func(msgs []*message.Message) ([]Statement, error)
+
+// ErrNotPipelined is returned by PipelineBatch when the batch cannot take
+// the pipelined path: one of its events was processed before (or comes
+// twice), or the database driver is not pgx. Nothing was written; the
+// caller handles the batch with ProcessBatch.
+var ErrNotPipelined = errors.New("dedup: batch not pipelined")
+
+// PipelineBatch is ProcessBatch in one round trip to the database, for
+// batches of new events: their markers (a plain insert, which fails if any
+// of them exists) and statements(msgs) are sent together and run as one
+// implicit transaction, all or nothing. If a marker exists, it returns
+// ErrNotPipelined and nothing is written. OnProcessed is called for every
+// message after the commit. It needs the pgx driver (jackc/pgx/v5/stdlib).
+func (d Dedup) PipelineBatch(ctx context.Context, msgs []*message.Message, statements BatchStatements) (int, error) {
+	ids := make([]string, len(msgs))
+	for i, msg := range msgs {
+		if msg.UUID == "" {
+			return 0, Permanent(ErrNoEventID)
+		}
+		ids[i] = msg.UUID
+	}
+	stmts, err := statements(msgs)
+	if err != nil {
+		return 0, err
+	}
+	conn, err := d.DB.Conn(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("dedup: connect: %w", err)
+	}
+	defer conn.Close()
+	err = conn.Raw(func(driverConn any) error {
+		pgxConn, ok := driverConn.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("%w: driver connection is %T", ErrNotPipelined, driverConn)
+		}
+		var batch pgx.Batch
+		// Sorted, as in ProcessBatch.
+		batch.Queue(`INSERT INTO `+d.table()+` (event_id, handler)
+			SELECT id, $2 FROM unnest($1::text[]) AS id ORDER BY id`, ids, d.Handler)
+		for _, st := range stmts {
+			batch.Queue(st.SQL, st.Args...)
+		}
+		return pgxConn.Conn().SendBatch(ctx, &batch).Close()
+	})
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == uniqueViolation:
+		return 0, fmt.Errorf("%w: %w", ErrNotPipelined, err)
+	case err != nil:
+		return 0, fmt.Errorf("dedup: %d events in one round trip: %w", len(msgs), err)
+	}
+	for _, msg := range msgs {
+		if d.OnProcessed != nil {
+			d.OnProcessed(msg)
+		}
+	}
+	return len(msgs), nil
+}
+
+// uniqueViolation is PostgreSQL's unique_violation error code.
+const uniqueViolation = "23505"

@@ -54,6 +54,23 @@ func (l *SettlementLedger) Append(ctx context.Context, tx *sqlx.Tx, orderID, eve
 // AppendAll inserts the entries of postings through tx in one statement,
 // in the order given.
 func (l *SettlementLedger) AppendAll(ctx context.Context, tx *sqlx.Tx, postings []Posting) error {
+	query, args, ok := AppendStatement(postings)
+	if !ok {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, query, args...); err != nil {
+		if len(postings) == 1 {
+			return fmt.Errorf("append entries of order %s: %w", postings[0].OrderID, err)
+		}
+		return fmt.Errorf("append entries of %d orders: %w", len(postings), err)
+	}
+	return nil
+}
+
+// AppendStatement returns the statement AppendAll runs for postings, for
+// callers that send it themselves (a pipelined batch); ok is false when
+// there is nothing to append.
+func AppendStatement(postings []Posting) (query string, args []any, ok bool) {
 	var orders, events, kinds, currencies []string
 	var amounts []int64
 	var occurred []time.Time
@@ -64,21 +81,14 @@ func (l *SettlementLedger) AppendAll(ctx context.Context, tx *sqlx.Tx, postings 
 		}
 	}
 	if len(orders) == 0 {
-		return nil
+		return "", nil, false
 	}
-	if _, err := tx.ExecContext(ctx, `
+	return `
 		INSERT INTO settlement_entries (order_id, event_id, kind, amount, currency, occurred_at)
 		SELECT e.order_id, e.event_id, e.kind, e.amount, e.currency, e.occurred_at
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::timestamptz[])
 			WITH ORDINALITY AS e(order_id, event_id, kind, amount, currency, occurred_at, n)
-		ORDER BY e.n`,
-		orders, events, kinds, amounts, currencies, occurred); err != nil {
-		if len(postings) == 1 {
-			return fmt.Errorf("append entries of order %s: %w", postings[0].OrderID, err)
-		}
-		return fmt.Errorf("append entries of %d orders: %w", len(postings), err)
-	}
-	return nil
+		ORDER BY e.n`, []any{orders, events, kinds, amounts, currencies, occurred}, true
 }
 
 // Get returns the entries of orderID in the order they were appended. An

@@ -49,6 +49,10 @@ type BatchConsumer struct {
 	// Handle handles the new events of a batch through its transaction.
 	// Required.
 	Handle middleware.BatchHandler
+	// Statements, when set, is Handle as statements: a batch is then first
+	// tried in one round trip to the database (Dedup.PipelineBatch), and
+	// handled by Handle only if one of its events was processed before.
+	Statements middleware.BatchStatements
 	// Fallback returns the handler chain for the messages of queue, used for
 	// each message of a failed batch. Required.
 	Fallback func(queue string) message.HandlerFunc
@@ -320,13 +324,21 @@ func (l *lane) handle(ctx context.Context, batch []amqp.Delivery) error {
 	return nil
 }
 
-// processBatch runs Dedup.ProcessBatch, turning a panic into an error.
+// processBatch runs Dedup.PipelineBatch when Statements is set and then,
+// if the batch was not pipelined, Dedup.ProcessBatch, turning a panic into
+// an error.
 func (l *lane) processBatch(ctx context.Context, msgs []*message.Message) (n int, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("batch handler panicked: %v", p)
 		}
 	}()
+	if l.c.Statements != nil {
+		n, err := l.c.Dedup.PipelineBatch(ctx, msgs, l.c.Statements)
+		if !errors.Is(err, middleware.ErrNotPipelined) {
+			return n, err
+		}
+	}
 	return l.c.Dedup.ProcessBatch(ctx, msgs, l.c.Handle)
 }
 

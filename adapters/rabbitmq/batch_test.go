@@ -136,6 +136,19 @@ func (f *batchFixture) consumer(url string) *rabbitmq.BatchConsumer {
 		URL:    url,
 		Queues: f.queues,
 		Dedup:  dedup,
+		Statements: func(msgs []*message.Message) ([]middleware.Statement, error) {
+			var lanes, ids []string
+			for _, msg := range msgs {
+				if err := f.attempt(msg.UUID); err != nil {
+					return nil, err
+				}
+				lanes, ids = append(lanes, msg.Metadata.Get("lane")), append(ids, msg.UUID)
+			}
+			return []middleware.Statement{{
+				SQL:  `INSERT INTO effects (lane, event_id) SELECT l, e FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS x(l, e, n) ORDER BY n`,
+				Args: []any{lanes, ids},
+			}}, nil
+		},
 		Handle: func(ctx context.Context, tx *sqlx.Tx, msgs []*message.Message) error {
 			for _, msg := range msgs {
 				if err := f.attempt(msg.UUID); err != nil {
@@ -275,30 +288,39 @@ func abbreviate(ids []string) string {
 
 func TestBatchConsumer_HandlesLanesInBatchesInOrder(t *testing.T) {
 	t.Parallel()
-	f := newBatchFixture(t, 3)
-	f.publish(200, nil)
-	stop := f.run(f.consumer(amqpURL()))
-	f.waitEffects(600)
-	stop()
+	for _, pipelined := range []bool{true, false} {
+		t.Run(fmt.Sprintf("pipelined %v", pipelined), func(t *testing.T) {
+			t.Parallel()
+			f := newBatchFixture(t, 3)
+			f.publish(200, nil)
+			c := f.consumer(amqpURL())
+			if !pipelined {
+				c.Statements = nil
+			}
+			stop := f.run(c)
+			f.waitEffects(600)
+			stop()
 
-	f.checkEffects(f.sent)
-	f.checkQueuesEmpty()
-	var perTx []int
-	if err := f.db.Select(&perTx, `SELECT count(*) FROM effects GROUP BY tx`); err != nil {
-		t.Fatal(err)
-	}
-	if slices.Max(perTx) > 8 || slices.Max(perTx) < 2 {
-		t.Errorf("largest transaction wrote %d effects; want batches of 2 to 8 (MaxBatch)", slices.Max(perTx))
-	}
-	total := 0
-	for _, n := range f.batches {
-		total += n
-	}
-	if total != 600 || len(f.batches) != len(perTx) {
-		t.Errorf("OnBatch saw %d batches of %d messages; the effects came from %d transactions of 600", len(f.batches), total, len(perTx))
-	}
-	if markers := f.db.Count(t, `SELECT count(*) FROM processed_events WHERE handler = $1`, batchHandlerName); markers != 600 {
-		t.Errorf("%d dedup markers, want 600", markers)
+			f.checkEffects(f.sent)
+			f.checkQueuesEmpty()
+			var perTx []int
+			if err := f.db.Select(&perTx, `SELECT count(*) FROM effects GROUP BY tx`); err != nil {
+				t.Fatal(err)
+			}
+			if slices.Max(perTx) > 8 || slices.Max(perTx) < 2 {
+				t.Errorf("largest transaction wrote %d effects; want batches of 2 to 8 (MaxBatch)", slices.Max(perTx))
+			}
+			total := 0
+			for _, n := range f.batches {
+				total += n
+			}
+			if total != 600 || len(f.batches) != len(perTx) {
+				t.Errorf("OnBatch saw %d batches of %d messages; the effects came from %d transactions of 600", len(f.batches), total, len(perTx))
+			}
+			if markers := f.db.Count(t, `SELECT count(*) FROM processed_events WHERE handler = $1`, batchHandlerName); markers != 600 {
+				t.Errorf("%d dedup markers, want 600", markers)
+			}
+		})
 	}
 }
 

@@ -60,6 +60,25 @@ func (h *Handler) HandleBatch(ctx context.Context, tx *sqlx.Tx, msgs []*message.
 	return h.ledger.AppendAll(ctx, tx, postings)
 }
 
+// BatchStatements is HandleBatch as statements, for a pipelined batch
+// (middleware.Dedup.PipelineBatch): the one statement appending the entries
+// of every message.
+func (h *Handler) BatchStatements(msgs []*message.Message) ([]middleware.Statement, error) {
+	postings := make([]postgres.Posting, len(msgs))
+	for i, msg := range msgs {
+		p, err := posting(msg)
+		if err != nil {
+			return nil, err
+		}
+		postings[i] = p
+	}
+	query, args, ok := postgres.AppendStatement(postings)
+	if !ok {
+		return nil, nil
+	}
+	return []middleware.Statement{{SQL: query, Args: args}}, nil
+}
+
 // posting returns the ledger entries of the OrderPaid event msg carries.
 func posting(msg *message.Message) (postgres.Posting, error) {
 	env, err := outbox.Decode(msg)

@@ -45,29 +45,26 @@ func TestHandler_HandleBatch(t *testing.T) {
 	dedup := middleware.Dedup{DB: db.DB, Handler: settle.HandlerName}
 	ctx := context.Background()
 
-	t.Run("settles every order of the batch", func(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		process func([]*message.Message) (int, error)
+	}{
+		{"in a transaction", func(msgs []*message.Message) (int, error) { return dedup.ProcessBatch(ctx, msgs, h.HandleBatch) }},
+		{"pipelined", func(msgs []*message.Message) (int, error) { return dedup.PipelineBatch(ctx, msgs, h.BatchStatements) }},
+	} {
+		t.Run("settles every order of the batch "+tc.name, func(t *testing.T) {
+			t.Parallel()
+			settlesEveryOrder(t, ledger, tc.process)
+		})
+	}
+	t.Run("a malformed event fails the statements", func(t *testing.T) {
 		t.Parallel()
-		var msgs []*message.Message
-		var orders []string
-		for _, amount := range []int64{1000, 2500, 99} {
-			msg, order := paid(t, amount)
-			msgs, orders = append(msgs, msg), append(orders, order)
-		}
-		if n, err := dedup.ProcessBatch(ctx, msgs, h.HandleBatch); err != nil || n != 3 {
-			t.Fatalf("settled %d, err %v; want 3", n, err)
-		}
-		for i, amount := range []int64{1000, 2500, 99} {
-			s, err := ledger.Get(ctx, orders[i])
-			if err != nil {
-				t.Fatal(err)
-			}
-			want, _ := domain.SettlementEntries(amount)
-			if !slices.Equal(s.Entries, want) || s.Currency != "EUR" {
-				t.Errorf("order %s: entries %+v in %s, want %+v in EUR", orders[i], s.Entries, s.Currency, want)
-			}
+		bad, _ := paid(t, 1000)
+		bad.Payload = []byte(`{"order_id": 12}`)
+		if _, err := h.BatchStatements([]*message.Message{bad}); !middleware.IsPermanent(err) {
+			t.Fatalf("got %v, want a permanent error", err)
 		}
 	})
-
 	t.Run("one malformed event fails the batch with nothing appended", func(t *testing.T) {
 		t.Parallel()
 		good, order := paid(t, 1000)
@@ -89,4 +86,30 @@ func TestHandler_HandleBatch(t *testing.T) {
 			t.Errorf("%d entries after settling the good order alone, want 2", n)
 		}
 	})
+}
+
+// settlesEveryOrder settles three paid orders in one batch with process
+// and checks their entries.
+func settlesEveryOrder(t *testing.T, ledger *postgres.SettlementLedger, process func([]*message.Message) (int, error)) {
+	t.Helper()
+	amounts := []int64{1000, 2500, 99}
+	var msgs []*message.Message
+	var orders []string
+	for _, amount := range amounts {
+		msg, order := paid(t, amount)
+		msgs, orders = append(msgs, msg), append(orders, order)
+	}
+	if n, err := process(msgs); err != nil || n != 3 {
+		t.Fatalf("settled %d, err %v; want 3", n, err)
+	}
+	for i, amount := range amounts {
+		s, err := ledger.Get(context.Background(), orders[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := domain.SettlementEntries(amount)
+		if !slices.Equal(s.Entries, want) || s.Currency != "EUR" {
+			t.Errorf("order %s: entries %+v in %s, want %+v in EUR", orders[i], s.Entries, s.Currency, want)
+		}
+	}
 }

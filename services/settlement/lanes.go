@@ -88,10 +88,11 @@ func (l Lanes) Batched(url string, maxBatch, prefetch int) (*rabbitmq.BatchConsu
 		queues[lane] = l.Names.SettlementQueue(lane)
 	}
 	c := &rabbitmq.BatchConsumer{
-		URL:    url,
-		Queues: queues,
-		Dedup:  p.dedup,
-		Handle: p.settler.HandleBatch,
+		URL:        url,
+		Queues:     queues,
+		Dedup:      p.dedup,
+		Handle:     p.settler.HandleBatch,
+		Statements: p.settler.BatchStatements,
 		Fallback: func(queue string) message.HandlerFunc {
 			chain := l.chain(p, queue, p.dedup.Middleware)
 			h := message.NoPublishHandlerFunc(p.settler.Handle)
