@@ -36,13 +36,7 @@ func TestDedup_ProcessBatch(t *testing.T) {
 			return fail
 		}
 	}
-	messages := func(ids ...string) []*message.Message {
-		out := make([]*message.Message, len(ids))
-		for i, id := range ids {
-			out[i] = newMessage(ctx, id)
-		}
-		return out
-	}
+	messages := func(ids ...string) []*message.Message { return newMessages(ctx, ids...) }
 
 	t.Run("new events handled in order, duplicates skipped", func(t *testing.T) {
 		t.Parallel()
@@ -114,13 +108,7 @@ func TestDedup_PipelineBatch(t *testing.T) {
 	db := testdb.NewSettlement(t)
 	newEffectsTable(t, db)
 	ctx := context.Background()
-	messages := func(ids ...string) []*message.Message {
-		out := make([]*message.Message, len(ids))
-		for i, id := range ids {
-			out[i] = newMessage(ctx, id)
-		}
-		return out
-	}
+	messages := func(ids ...string) []*message.Message { return newMessages(ctx, ids...) }
 	// statements writes an effect per message in one statement, then runs
 	// extra, if any.
 	statements := func(extra ...middleware.Statement) middleware.BatchStatements {
@@ -205,4 +193,13 @@ func TestDedup_PipelineBatch(t *testing.T) {
 			t.Errorf("%d effects, %d markers after a failed batch; want none", effects, markers)
 		}
 	})
+}
+
+// newMessages returns a message per id, in order.
+func newMessages(ctx context.Context, ids ...string) []*message.Message {
+	out := make([]*message.Message, len(ids))
+	for i, id := range ids {
+		out[i] = newMessage(ctx, id)
+	}
+	return out
 }

@@ -132,6 +132,19 @@ func runInTx(msg *message.Message, tx *sqlx.Tx, h message.HandlerFunc) ([]*messa
 	return h(msg)
 }
 
+// eventIDs returns the event ids of msgs, or a Permanent ErrNoEventID if
+// one has none.
+func eventIDs(msgs []*message.Message) ([]string, error) {
+	ids := make([]string, len(msgs))
+	for i, msg := range msgs {
+		if msg.UUID == "" {
+			return nil, Permanent(ErrNoEventID)
+		}
+		ids[i] = msg.UUID
+	}
+	return ids, nil
+}
+
 // BatchHandler handles, through tx, the messages of a batch that were not
 // processed before, in their order. An error rolls back the whole batch.
 type BatchHandler func(ctx context.Context, tx *sqlx.Tx, msgs []*message.Message) error
@@ -146,12 +159,9 @@ type BatchHandler func(ctx context.Context, tx *sqlx.Tx, msgs []*message.Message
 // time through Middleware, so that only a failing message goes on to retry
 // and set-aside. It returns the number of messages h handled.
 func (d Dedup) ProcessBatch(ctx context.Context, msgs []*message.Message, h BatchHandler) (int, error) {
-	ids := make([]string, len(msgs))
-	for i, msg := range msgs {
-		if msg.UUID == "" {
-			return 0, Permanent(ErrNoEventID)
-		}
-		ids[i] = msg.UUID
+	ids, err := eventIDs(msgs)
+	if err != nil {
+		return 0, err
 	}
 	tx, err := d.DB.BeginTxx(ctx, nil)
 	if err != nil {
@@ -225,12 +235,9 @@ var ErrNotPipelined = errors.New("dedup: batch not pipelined")
 // ErrNotPipelined and nothing is written. OnProcessed is called for every
 // message after the commit. It needs the pgx driver (jackc/pgx/v5/stdlib).
 func (d Dedup) PipelineBatch(ctx context.Context, msgs []*message.Message, statements BatchStatements) (int, error) {
-	ids := make([]string, len(msgs))
-	for i, msg := range msgs {
-		if msg.UUID == "" {
-			return 0, Permanent(ErrNoEventID)
-		}
-		ids[i] = msg.UUID
+	ids, err := eventIDs(msgs)
+	if err != nil {
+		return 0, err
 	}
 	stmts, err := statements(msgs)
 	if err != nil {
