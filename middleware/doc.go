@@ -9,8 +9,11 @@
 //   - Dedup records each (event id, handler) pair in processed_events in the
 //     same transaction as the handler's own writes, so a redelivered event has
 //     no second effect; Dedup.ProcessBatch does that for a batch of messages
-//     in one transaction (a BatchHandler writes their effects), for consumers
-//     that hand over several messages at once (rabbitmq.BatchConsumer);
+//     in one transaction (a BatchHandler writes their effects), and
+//     Dedup.PipelineBatch in one round trip for a batch of new events (their
+//     BatchStatements sent with the markers as one pgx pipeline), for
+//     consumers that hand over several messages at once
+//     (rabbitmq.BatchConsumer);
 //   - DedupGroup is Dedup with group commit: the messages that handlers
 //     running in parallel (lanes) hand it while a group is in its transaction
 //     share the next transaction;
