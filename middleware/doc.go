@@ -14,14 +14,10 @@
 //     BatchStatements sent with the markers as one pgx pipeline), for
 //     consumers that hand over several messages at once
 //     (rabbitmq.BatchConsumer);
-//   - DedupGroup is Dedup with group commit: the messages that handlers
-//     running in parallel (lanes) hand it while a group is in its transaction
-//     share the next transaction;
 //   - Observe reports the outcome of each message, for metrics.
 //
 // Each reports what it does through optional callbacks (SetAside.OnSetAside,
-// Retry.OnRetry, Dedup.OnDuplicate, Dedup.OnProcessed, GroupConfig.OnGroup,
-// Observe), so that a
+// Retry.OnRetry, Dedup.OnDuplicate, Dedup.OnProcessed, Observe), so that a
 // metrics adapter can count results without this package depending on it.
 //
 // The usual order, outermost first, is

@@ -77,6 +77,7 @@ const (
 	stuckEvents   = `outboxmill_outbox_stuck_events{outbox="orders_outbox"}`
 	lagCount      = `outboxmill_consumer_lag_seconds_count{handler="` + settleHandler + `"}`
 	setAsideGauge = `outboxmill_consumer_set_aside_messages{handler="` + settleHandler + `"}`
+	batchSum      = `outboxmill_consumer_batch_size_sum{handler="` + settleHandler + `"}`
 )
 
 // waitMetric polls base/metrics until cond holds for the series key.
@@ -201,6 +202,8 @@ func TestMetrics_MoveWithTraffic(t *testing.T) {
 	if v := metric(t, scrape(t, settlement), lagCount); v != n {
 		t.Errorf("lag observations = %v, want %d", v, n)
 	}
+	// The batch consumer settled them all in batches that committed.
+	waitMetric(t, settlement, batchSum, 10*time.Second, "batch sizes observed", func(v float64) bool { return v == n })
 
 	t.Run("duplicate", func(t *testing.T) {
 		id, orderID := domain.NewEventID(), domain.NewEventID()

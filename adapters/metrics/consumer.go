@@ -28,7 +28,7 @@ type Consumer struct {
 	results *prometheus.CounterVec
 	retries *prometheus.CounterVec
 	lag     *prometheus.HistogramVec
-	groups  *prometheus.HistogramVec
+	batches *prometheus.HistogramVec
 }
 
 // NewConsumer returns consumer metrics registered with reg:
@@ -36,7 +36,7 @@ type Consumer struct {
 //	outboxmill_consumer_messages_total{handler,result}   counter
 //	outboxmill_consumer_retries_total{handler}           counter
 //	outboxmill_consumer_lag_seconds{handler}             histogram
-//	outboxmill_consumer_group_size{handler}              histogram
+//	outboxmill_consumer_batch_size{handler}              histogram
 func NewConsumer(reg prometheus.Registerer) (*Consumer, error) {
 	results, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: "consumer", Name: "messages_total",
@@ -60,15 +60,15 @@ func NewConsumer(reg prometheus.Registerer) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	groups, err := register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Namespace: Namespace, Subsystem: "consumer", Name: "group_size",
-		Help:    "Messages per shared transaction of a handler with group commit (middleware.DedupGroup).",
+	batches, err := register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: Namespace, Subsystem: "consumer", Name: "batch_size",
+		Help:    "Messages per committed batch of a batch consumer (rabbitmq.BatchConsumer).",
 		Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
 	}, []string{"handler"}))
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{results: results, retries: retries, lag: lag, groups: groups}, nil
+	return &Consumer{results: results, retries: retries, lag: lag, batches: batches}, nil
 }
 
 // Handler returns the metrics of the handler named name, whose series start
@@ -81,7 +81,7 @@ func (c *Consumer) Handler(name string) *Handler {
 		setAside:  c.results.WithLabelValues(name, ResultSetAside),
 		retries:   c.retries.WithLabelValues(name),
 		lag:       c.lag.WithLabelValues(name),
-		groups:    c.groups.WithLabelValues(name),
+		batches:   c.batches.WithLabelValues(name),
 	}
 }
 
@@ -92,10 +92,10 @@ func (c *Consumer) Handler(name string) *Handler {
 //	middleware.SetAside{OnSetAside: h.SetAside}
 //	middleware.Retry{OnRetry: h.Retried}
 //	middleware.Dedup{OnDuplicate: h.Duplicate, OnProcessed: h.Processed}
-//	middleware.GroupConfig{OnGroup: h.Grouped}
+//	rabbitmq.BatchConsumer{OnBatch: h.Batched}
 type Handler struct {
 	processed, duplicate, failed, setAside, retries prometheus.Counter
-	lag, groups                                     prometheus.Observer
+	lag, batches                                    prometheus.Observer
 }
 
 // Processed counts a processed message and observes its end-to-end lag
@@ -116,8 +116,8 @@ func (h *Handler) SetAside(middleware.SetAsideMessage) { h.setAside.Inc() }
 // Retried counts a failed attempt that is retried.
 func (h *Handler) Retried(*message.Message, int, error) { h.retries.Inc() }
 
-// Grouped observes the size of a group of messages sharing a transaction.
-func (h *Handler) Grouped(size int) { h.groups.Observe(float64(size)) }
+// Batched observes the size of a batch of messages committed together.
+func (h *Handler) Batched(size int) { h.batches.Observe(float64(size)) }
 
 // Finished counts a message the handler chain failed (so it is nacked).
 func (h *Handler) Finished(_ *message.Message, err error) {

@@ -37,7 +37,6 @@ func run(args []string, stderr io.Writer) int {
 	fs.StringVar(&cfg.Consumer, "consumer", settlement.ConsumerBatch, "how lanes consume: batch (a lane's waiting deliveries in one transaction) or router (Watermill router, a transaction per message)")
 	fs.IntVar(&cfg.MaxBatch, "batch", rabbitmq.DefaultMaxBatch, "batch consumer: messages of a lane settled in one transaction at most")
 	fs.IntVar(&cfg.Prefetch, "prefetch", 64, "deliveries in flight to each lane's consumer")
-	fs.IntVar(&cfg.GroupCommit, "group-commit", 1, "router consumer: messages of different lanes that may share one transaction (1: a transaction per message)")
 	fs.IntVar(&cfg.Retry.MaxRetries, "max-retries", 4, "retries of a failing message before it is set aside")
 	if err := cli.RetentionFlags(fs, &cfg.Retention); err != nil {
 		return cli.Fail(stderr, name, err)

@@ -10,16 +10,14 @@ import (
 
 func TestRun(t *testing.T) {
 	clitest.Run(t, run, []string{"QUEUE_TYPE", "LOG_LEVEL", "OUTBOXMILL_NAMESPACE"}, []clitest.Case{
-		{Name: "help", Args: []string{"-h"}, Code: 0, StderrHas: []string{"-database-url", "DATABASE_URL", "-consumer", "-batch", "-prefetch", "-group-commit", "-max-retries"}},
+		{Name: "help", Args: []string{"-h"}, Code: 0, StderrHas: []string{"-database-url", "DATABASE_URL", "-consumer", "-batch", "-prefetch", "-max-retries"}},
 		{Name: "positional argument", Args: []string{"consume"}, Code: 2, StderrHas: []string{`unexpected argument "consume"`}},
 		{Name: "unknown flag", Args: []string{"-relay"}, Code: 2, StderrHas: []string{"flag provided but not defined: -relay"}},
 		{Name: "malformed flag value", Args: []string{"-prefetch", "many"}, Code: 2, StderrHas: []string{"-prefetch"}},
 		{Name: "unknown queue type", Args: []string{"-queue-type", "foo"}, Code: 1, StderrHas: []string{"settlement: ", `queue type "foo"`}},
 		{Name: "unknown queue type from env", Env: map[string]string{"QUEUE_TYPE": "lazy"}, Code: 1, StderrHas: []string{`queue type "lazy"`}},
 		{Name: "negative prefetch", Args: []string{"-prefetch", "-1"}, Code: 1, StderrHas: []string{"settlement: ", "negative"}},
-		{Name: "negative group commit", Args: []string{"-group-commit", "-3"}, Code: 1, StderrHas: []string{"settlement: ", "negative"}},
 		{Name: "unknown consumer", Args: []string{"-consumer", "pool"}, Code: 1, StderrHas: []string{"settlement: ", `consumer "pool" is neither batch nor router`}},
-		{Name: "group commit with the batch consumer", Args: []string{"-group-commit", "8"}, Code: 1, StderrHas: []string{"settlement: ", "group commit is a setting of the router consumer"}},
 		{Name: "batch larger than the prefetch", Args: []string{"-batch", "100", "-prefetch", "64"}, Code: 1, StderrHas: []string{"settlement: ", "batches of 100 cannot fill with a prefetch of 64"}},
 		{Name: "negative batch", Args: []string{"-batch", "-2"}, Code: 1, StderrHas: []string{"settlement: ", "negative"}},
 		{Name: "negative retries", Args: []string{"-max-retries", "-1"}, Code: 1, StderrHas: []string{"settlement: ", "MaxRetries"}},

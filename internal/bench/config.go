@@ -105,11 +105,6 @@ type Config struct {
 	// included: ConsumerBatch (the service's default) or ConsumerRouter.
 	// The consumer limits are measured with each, whatever it is.
 	Consumer string
-	// GroupCommit is the router consumer's group commit (messages of
-	// different lanes that may share a transaction) in the pipelines; the
-	// service's default is 1. The router's limits are measured with 1 and
-	// with services.SettlementLanes, whatever it is.
-	GroupCommit int
 
 	// RelayPollInterval is the poll interval given to relay.New; 0 leaves
 	// each kind's default.
@@ -162,7 +157,6 @@ func FullConfig(adminDatabaseURL, amqpURL string) Config {
 		WakeWindow:        3 * time.Second,
 		ConsumerPrefetch:  64,
 		Consumer:          ConsumerBatch,
-		GroupCommit:       1,
 		TunedPollInterval: 10 * time.Millisecond,
 		TunedBatchSize:    1000,
 		TunedChannelPool:  4,
@@ -239,8 +233,6 @@ func (c Config) Validate() error {
 	}
 	if c.Consumer != ConsumerBatch && c.Consumer != ConsumerRouter {
 		errs = append(errs, fmt.Errorf("consumer %q is neither %s nor %s", c.Consumer, ConsumerBatch, ConsumerRouter))
-	} else if c.Consumer == ConsumerBatch && c.GroupCommit > 1 {
-		errs = append(errs, errors.New("group commit is a setting of the router consumer"))
 	}
 	last := 0
 	for _, l := range c.Loads {
@@ -257,7 +249,7 @@ func (c Config) Validate() error {
 		{"consume messages", c.ConsumeMessages}, {"confirm window", c.ConfirmWindow},
 		{"consume prefetch", c.ConsumePrefetch}, {"settle messages", c.SettleMessages},
 		{"backlog", c.Backlog}, {"producers", c.Producers},
-		{"max in flight", c.MaxInFlight}, {"consumer prefetch", c.ConsumerPrefetch}, {"group commit", c.GroupCommit},
+		{"max in flight", c.MaxInFlight}, {"consumer prefetch", c.ConsumerPrefetch},
 		{"tuned batch size", c.TunedBatchSize}, {"tuned channel pool", c.TunedChannelPool},
 	} {
 		if f.value < 1 {

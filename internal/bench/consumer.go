@@ -33,15 +33,13 @@ type consumerSpec struct {
 	Kind string
 	// Prefetch bounds the deliveries in flight per lane.
 	Prefetch int
-	// GroupCommit is the router consumer's group commit.
-	GroupCommit int
 }
 
 // consumer is the settlement service's consumer (settlement.Lanes), lanes
 // in parallel, each in order, the settlement handler behind set-aside,
 // retry, recoverer and dedup in the handler's transaction: either the batch
-// consumer, or one Watermill handler per lane whose messages may share
-// transactions by group commit. It records in a tracker when each event was
+// consumer, or one Watermill handler per lane, a transaction per message.
+// It records in a tracker when each event was
 // handled: after its transaction committed, before its ack.
 type consumer struct {
 	router *message.Router
@@ -60,7 +58,6 @@ func startConsumer(ctx context.Context, db *sqlx.DB, amqpURL string, names servi
 	lanes := settlement.Lanes{
 		DB:          db,
 		Names:       names,
-		GroupCommit: spec.GroupCommit,
 		Metrics:     consumerMetrics.Handler(settle.HandlerName),
 		OnDuplicate: func(*message.Message) { tr.duplicate() },
 		Logger:      logger,

@@ -22,10 +22,8 @@ const (
 	figPublishEach   = "publish, confirm each"
 	figPublishWindow = "publish, confirm window"
 	figConsume       = "consume, manual ack each"
-	figSettleEach    = "consume+settle, 8 lanes, tx per event"
-	figSettle        = "consume+settle, 8 lanes, group commit"
+	figSettleRouter  = "consume+settle, 8 lanes, router consumer"
 	figSettleBatched = "consume+settle, 8 lanes, batch consumer"
-	figSettleBatch   = "consume+settle, 8 lanes, bare batches"
 )
 
 // figPublishBacklog names the broker's rate for a backlog's worth of
@@ -84,14 +82,13 @@ func (r *runner) measureLimits(ctx context.Context, reps int) error {
 		}
 		for _, c := range []struct {
 			name, note string
-			settle     settleFunc
+			kind       string
 		}{
-			{figSettleEach, "router consumer", r.settleWithConsumer(consumerSpec{Kind: ConsumerRouter, Prefetch: r.cfg.ConsumerPrefetch, GroupCommit: 1})},
-			{figSettle, fmt.Sprintf("router consumer, groups of up to %d", services.SettlementLanes), r.settleWithConsumer(consumerSpec{Kind: ConsumerRouter, Prefetch: r.cfg.ConsumerPrefetch, GroupCommit: services.SettlementLanes})},
-			{figSettleBatched, fmt.Sprintf("up to %d of a lane per transaction", rabbitmq.DefaultMaxBatch), r.settleWithConsumer(consumerSpec{Kind: ConsumerBatch, Prefetch: r.cfg.ConsumerPrefetch})},
-			{figSettleBatch, fmt.Sprintf("up to %d of a lane per transaction and multiple ack, amqp091 without failure handling: not a shipped consumer", batchSettleMax), r.settleInBatches},
+			{figSettleRouter, "a transaction per event", ConsumerRouter},
+			{figSettleBatched, fmt.Sprintf("up to %d of a lane per transaction", rabbitmq.DefaultMaxBatch), ConsumerBatch},
 		} {
-			if err := r.measureSettleLimit(ctx, c.name, c.note, c.settle); err != nil {
+			spec := consumerSpec{Kind: c.kind, Prefetch: r.cfg.ConsumerPrefetch}
+			if err := r.measureSettleLimit(ctx, c.name, c.note, spec); err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
 		}
@@ -222,63 +219,40 @@ func (r *runner) measureBrokerLimits(ctx context.Context) error {
 	return nil
 }
 
-// settleFunc settles the events waiting in the lane queues of names until
-// tr has every one handled, and returns how long that took.
-type settleFunc func(ctx context.Context, db *sqlx.DB, conn *amqp.Connection, names services.Names, tr *tracker) (time.Duration, error)
-
 // consumerSpec is the settlement consumer of the pipelines.
 func (r *runner) consumerSpec() consumerSpec {
-	return consumerSpec{Kind: r.cfg.Consumer, Prefetch: r.cfg.ConsumerPrefetch, GroupCommit: r.cfg.GroupCommit}
+	return consumerSpec{Kind: r.cfg.Consumer, Prefetch: r.cfg.ConsumerPrefetch}
 }
 
 // consumerLimit names the limit figure of the pipelines' consumer.
 func (c Config) consumerLimit() string {
-	switch {
-	case c.Consumer == ConsumerBatch:
+	if c.Consumer == ConsumerBatch {
 		return figSettleBatched
-	case c.GroupCommit > 1:
-		return figSettle
-	default:
-		return figSettleEach
 	}
+	return figSettleRouter
 }
 
-// settleWithConsumer settles with the settlement consumer spec
-// (startConsumer).
-func (r *runner) settleWithConsumer(spec consumerSpec) settleFunc {
-	return func(ctx context.Context, db *sqlx.DB, _ *amqp.Connection, names services.Names, tr *tracker) (time.Duration, error) {
-		start := time.Now()
-		cons, err := startConsumer(ctx, db, r.servers.AMQPURL, names, spec, tr, r.cfg.Logger)
-		if err != nil {
-			return 0, err
-		}
-		lost, err := tr.waitHandled(ctx, r.cfg.StallTimeout)
-		elapsed := time.Since(start)
-		if cerr := cons.close(); cerr != nil && err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return 0, err
-		}
-		if lost > 0 {
-			return 0, fmt.Errorf("%d events not handled", lost)
-		}
-		return elapsed, nil
-	}
-}
-
-// settleInBatches settles with batchSettle and checks that every event has
-// its entries once.
-func (r *runner) settleInBatches(ctx context.Context, db *sqlx.DB, conn *amqp.Connection, names services.Names, tr *tracker) (time.Duration, error) {
+// settle settles the events waiting in the lane queues of names with the
+// consumer spec until tr has every one handled, checks that each has its
+// entries once, and returns how long it took.
+func (r *runner) settle(ctx context.Context, db *sqlx.DB, names services.Names, spec consumerSpec, tr *tracker) (time.Duration, error) {
 	start := time.Now()
-	stall, cancel := context.WithTimeout(ctx, r.cfg.StallTimeout)
-	err := batchSettle(stall, db, conn, names, r.cfg.ConsumerPrefetch, tr)
-	elapsed := time.Since(start)
-	cancel()
+	cons, err := startConsumer(ctx, db, r.servers.AMQPURL, names, spec, tr, r.cfg.Logger)
 	if err != nil {
 		return 0, err
 	}
-	in, err := checkIntegrity(ctx, db, figSettleBatch, tr)
+	lost, err := tr.waitHandled(ctx, r.cfg.StallTimeout)
+	elapsed := time.Since(start)
+	if cerr := cons.close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, err
+	}
+	if lost > 0 {
+		return 0, fmt.Errorf("%d events not handled", lost)
+	}
+	in, err := checkIntegrity(ctx, db, spec.Kind, tr)
 	if err != nil {
 		return 0, err
 	}
@@ -289,10 +263,10 @@ func (r *runner) settleInBatches(ctx context.Context, db *sqlx.DB, conn *amqp.Co
 }
 
 // measureSettleLimit fills the settlement lane queues with SettleMessages
-// OrderPaid events, settles them with settle and records the events handled
-// per second as the figure name: the consumer's side of the end-to-end
-// limit. note, when set, is added to the figure's note.
-func (r *runner) measureSettleLimit(ctx context.Context, name, note string, settle settleFunc) error {
+// OrderPaid events, settles them with the consumer spec and records the
+// events handled per second as the figure name: the consumer's side of the
+// end-to-end limit. note, when set, is added to the figure's note.
+func (r *runner) measureSettleLimit(ctx context.Context, name, note string, spec consumerSpec) error {
 	w, err := r.workspace(ctx, r.poolSize())
 	if err != nil {
 		return err
@@ -343,7 +317,7 @@ func (r *runner) measureSettleLimit(ctx context.Context, name, note string, sett
 		}
 		pending = pending[1:]
 	}
-	elapsed, err := settle(ctx, w.settleDB, conn, names, tr)
+	elapsed, err := r.settle(ctx, w.settleDB, names, spec, tr)
 	if err != nil {
 		return err
 	}

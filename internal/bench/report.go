@@ -85,7 +85,6 @@ type Settings struct {
 	WakeWindowS      float64 `json:"wake_window_s"`
 	ConsumerPrefetch int     `json:"consumer_prefetch"`
 	Consumer         string  `json:"consumer"`
-	GroupCommit      int     `json:"group_commit"`
 }
 
 func settingsOf(c Config) Settings {
@@ -95,7 +94,7 @@ func settingsOf(c Config) Settings {
 		Backlog: c.Backlog, DrainMaxS: c.DrainMax.Seconds(), Producers: c.Producers, MaxInFlight: c.MaxInFlight,
 		E2EWindowS: c.E2EWindow.Seconds(), WarmupS: c.Warmup.Seconds(), Loads: c.Loads,
 		CapacityShare: c.CapacityShare, LatencyWindowS: c.LatencyWindow.Seconds(), IdleWindowS: c.IdleWindow.Seconds(),
-		WakeWindowS: c.WakeWindow.Seconds(), ConsumerPrefetch: c.ConsumerPrefetch, Consumer: c.Consumer, GroupCommit: c.GroupCommit,
+		WakeWindowS: c.WakeWindow.Seconds(), ConsumerPrefetch: c.ConsumerPrefetch, Consumer: c.Consumer,
 	}
 }
 

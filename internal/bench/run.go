@@ -180,9 +180,9 @@ func (r *runner) finish() {
 				ref, ok := rep.find(GroupLimit, figPublishEach, "")
 				addRatio(f, "limit", "confirm each", ref, ok)
 			}
-			if f.Name == figSettle || f.Name == figSettleBatched || f.Name == figSettleBatch {
-				ref, ok := rep.find(GroupLimit, figSettleEach, "")
-				addRatio(f, "limit", "tx per event", ref, ok)
+			if f.Name == figSettleBatched {
+				ref, ok := rep.find(GroupLimit, figSettleRouter, "")
+				addRatio(f, "limit", "router consumer", ref, ok)
 			}
 		case GroupDrain:
 			ref, ok := rep.find(GroupLimit, backlogName, "")

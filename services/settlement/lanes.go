@@ -19,8 +19,8 @@ import (
 // Lanes is the settlement consumer: each lane queue settles its OrderPaid
 // events in order behind, outermost first, Observe, SetAside, Retry,
 // Recoverer and Dedup. Add runs the lanes as Watermill handlers, one message
-// at a time (with GroupCommit above 1, the lanes share transactions through
-// one middleware.DedupGroup); Batched runs them on a rabbitmq.BatchConsumer,
+// at a time, each in its own transaction; Batched runs them on a
+// rabbitmq.BatchConsumer,
 // which settles the deliveries waiting in a lane in one transaction and
 // runs the chain only for the messages of a failed batch.
 type Lanes struct {
@@ -28,9 +28,6 @@ type Lanes struct {
 	DB *sqlx.DB
 	// Names names the lane queues.
 	Names services.Names
-	// GroupCommit is how many messages of different lanes may share one
-	// transaction; 1 gives each message its own.
-	GroupCommit int
 	// Retry configures the retries before a message is set aside.
 	Retry middleware.Retry
 	// Metrics receives the handler's results. Required.
@@ -49,34 +46,23 @@ type Lanes struct {
 
 // Add adds the lane handlers to router, consuming from sub.
 func (l Lanes) Add(router *message.Router, sub message.Subscriber) error {
-	if l.GroupCommit < 1 {
-		return fmt.Errorf("settlement lanes: group commit %d, want at least 1", l.GroupCommit)
-	}
 	p, err := l.parts()
 	if err != nil {
 		return err
-	}
-	dedupMiddleware := p.dedup.Middleware
-	if l.GroupCommit > 1 {
-		group, err := middleware.NewDedupGroup(p.dedup, middleware.GroupConfig{MaxSize: l.GroupCommit, OnGroup: l.Metrics.Grouped})
-		if err != nil {
-			return err
-		}
-		dedupMiddleware = group.Middleware
 	}
 	// One handler per lane: lanes run in parallel, each in order.
 	for lane := range services.SettlementLanes {
 		queue := l.Names.SettlementQueue(lane)
 		handler := router.AddConsumerHandler(fmt.Sprintf("%s.%d", settle.HandlerName, lane), queue, sub, p.settler.Handle)
-		handler.AddMiddleware(l.chain(p, queue, dedupMiddleware)...)
+		handler.AddMiddleware(l.chain(p, queue)...)
 	}
 	return nil
 }
 
 // Batched returns a consumer of the lane queues at the broker url that
 // settles the deliveries waiting in a lane in one transaction, up to
-// maxBatch (0: rabbitmq.DefaultMaxBatch) with prefetch deliveries in flight
-// per lane (0: twice the batch), and hands each message of a failed batch
+// maxBatch with prefetch deliveries in flight per lane (0: the
+// BatchConsumer's defaults), and hands each message of a failed batch
 // to the lane's middleware chain.
 func (l Lanes) Batched(url string, maxBatch, prefetch int) (*rabbitmq.BatchConsumer, error) {
 	p, err := l.parts()
@@ -94,9 +80,8 @@ func (l Lanes) Batched(url string, maxBatch, prefetch int) (*rabbitmq.BatchConsu
 		Handle:     p.settler.HandleBatch,
 		Statements: p.settler.BatchStatements,
 		Fallback: func(queue string) message.HandlerFunc {
-			chain := l.chain(p, queue, p.dedup.Middleware)
-			h := message.NoPublishHandlerFunc(p.settler.Handle)
-			handler := func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }
+			chain := l.chain(p, queue)
+			handler := func(msg *message.Message) ([]*message.Message, error) { return nil, p.settler.Handle(msg) }
 			for i := len(chain) - 1; i >= 0; i-- {
 				handler = chain[i](handler)
 			}
@@ -104,14 +89,8 @@ func (l Lanes) Batched(url string, maxBatch, prefetch int) (*rabbitmq.BatchConsu
 		},
 		MaxBatch: maxBatch,
 		Prefetch: prefetch,
-		OnBatch:  l.Metrics.Grouped,
+		OnBatch:  l.Metrics.Batched,
 		Logger:   l.Logger,
-	}
-	if c.MaxBatch == 0 {
-		c.MaxBatch = rabbitmq.DefaultMaxBatch
-	}
-	if c.Prefetch == 0 {
-		c.Prefetch = 2 * c.MaxBatch
 	}
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -163,7 +142,7 @@ func (l Lanes) parts() (laneParts, error) {
 }
 
 // chain is the middleware of the lane consuming queue, outermost first.
-func (l Lanes) chain(p laneParts, queue string, dedup message.HandlerMiddleware) []message.HandlerMiddleware {
+func (l Lanes) chain(p laneParts, queue string) []message.HandlerMiddleware {
 	var chain []message.HandlerMiddleware
 	if l.Wrap != nil {
 		chain = append(chain, l.Wrap)
@@ -182,6 +161,6 @@ func (l Lanes) chain(p laneParts, queue string, dedup message.HandlerMiddleware)
 		}.Middleware,
 		p.retry.Middleware,
 		middleware.Recoverer,
-		dedup,
+		p.dedup.Middleware,
 	)
 }

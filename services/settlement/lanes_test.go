@@ -16,7 +16,7 @@ func TestLanes_Batched(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lanes := settlement.Lanes{DB: &sqlx.DB{}, Names: services.Names{Namespace: "ns"}, GroupCommit: 1, Metrics: consumerMetrics.Handler("h")}
+	lanes := settlement.Lanes{DB: &sqlx.DB{}, Names: services.Names{Namespace: "ns"}, Metrics: consumerMetrics.Handler("h")}
 	c, err := lanes.Batched("amqp://localhost", 0, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -28,9 +28,6 @@ func TestLanes_Batched(t *testing.T) {
 	// when a batch holds a duplicate, the chain when a batch fails.
 	if c.Statements == nil || c.Handle == nil || c.Fallback == nil {
 		t.Error("the batch consumer lacks its statements, batch handler or fallback")
-	}
-	if c.MaxBatch != 32 || c.Prefetch != 64 {
-		t.Errorf("batch %d, prefetch %d; want the defaults 32 and 64", c.MaxBatch, c.Prefetch)
 	}
 	if _, err := lanes.Batched("amqp://localhost", 100, 64); err == nil {
 		t.Error("a batch larger than the prefetch was accepted")

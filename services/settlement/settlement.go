@@ -54,11 +54,6 @@ type Config struct {
 	// Prefetch bounds the deliveries in flight to each lane's consumer;
 	// default 64.
 	Prefetch int
-	// GroupCommit is how many messages of different lanes may share one
-	// transaction with the router consumer (see middleware.DedupGroup);
-	// default 1, a transaction per message. Up to services.SettlementLanes
-	// messages can wait together.
-	GroupCommit int
 	// Retry configures the handler's retries before a message is set aside.
 	Retry middleware.Retry
 	// MaxDBConns bounds the database connection pool; default 16.
@@ -98,9 +93,6 @@ func (c *Config) setDefaults() {
 	if c.Prefetch == 0 {
 		c.Prefetch = 64
 	}
-	if c.GroupCommit == 0 {
-		c.GroupCommit = 1
-	}
 	if c.MaxDBConns == 0 {
 		c.MaxDBConns = 16
 	}
@@ -131,13 +123,10 @@ func (c Config) Validate() error {
 	if c.Consumer != ConsumerBatch && c.Consumer != ConsumerRouter {
 		errs = append(errs, fmt.Errorf("consumer %q is neither %s nor %s", c.Consumer, ConsumerBatch, ConsumerRouter))
 	}
-	if c.Consumer == ConsumerBatch && c.GroupCommit > 1 {
-		errs = append(errs, errors.New("group commit is a setting of the router consumer; the batch consumer shares transactions within a lane"))
-	}
 	if c.Consumer == ConsumerBatch && c.MaxBatch > c.Prefetch && c.Prefetch > 0 {
 		errs = append(errs, fmt.Errorf("batches of %d cannot fill with a prefetch of %d", c.MaxBatch, c.Prefetch))
 	}
-	if c.Prefetch < 0 || c.MaxBatch < 0 || c.GroupCommit < 0 || c.MaxDBConns < 0 || c.ShutdownTimeout < 0 {
+	if c.Prefetch < 0 || c.MaxBatch < 0 || c.MaxDBConns < 0 || c.ShutdownTimeout < 0 {
 		errs = append(errs, errors.New("durations and sizes must not be negative"))
 	}
 	if err := c.Retry.Validate(); err != nil {
@@ -198,12 +187,11 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 		return nil, err
 	}
 	lanes := Lanes{
-		DB:          s.db,
-		Names:       names,
-		GroupCommit: config.GroupCommit,
-		Retry:       config.Retry,
-		Metrics:     consumerMetrics.Handler(settle.HandlerName),
-		Logger:      config.Logger,
+		DB:      s.db,
+		Names:   names,
+		Retry:   config.Retry,
+		Metrics: consumerMetrics.Handler(settle.HandlerName),
+		Logger:  config.Logger,
 	}
 	if config.Consumer == ConsumerBatch {
 		if s.batch, err = lanes.Batched(config.AMQPURL, config.MaxBatch, config.Prefetch); err != nil {
@@ -231,9 +219,8 @@ func New(ctx context.Context, config Config) (s *Service, err error) {
 // route sets up the router consumer.
 func (s *Service) route(lanes Lanes) (err error) {
 	wmLogger := watermill.NewSlogLogger(s.config.Logger)
-	names := services.Names{Namespace: s.config.Namespace}
 	s.subscriber, err = wmamqp.NewSubscriber(
-		rabbitmq.SubscriberConfig(s.config.AMQPURL, names.Exchange(), s.config.Prefetch), wmLogger)
+		rabbitmq.SubscriberConfig(s.config.AMQPURL, lanes.Names.Exchange(), s.config.Prefetch), wmLogger)
 	if err != nil {
 		return fmt.Errorf("settlement subscriber: %w", err)
 	}

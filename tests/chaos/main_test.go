@@ -86,6 +86,11 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool
 // poll calls cond every 50 ms until it returns true, or returns an error
 // once timeout has passed.
 func poll(timeout time.Duration, cond func() (bool, error)) error {
+	return pollEvery(timeout, 50*time.Millisecond, cond)
+}
+
+// pollEvery is poll calling cond every interval.
+func pollEvery(timeout, interval time.Duration, cond func() (bool, error)) error {
 	deadline := time.Now().Add(timeout)
 	var lastErr error
 	for {
@@ -99,7 +104,7 @@ func poll(timeout time.Duration, cond func() (bool, error)) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("timed out after %s (last error: %v)", timeout, lastErr)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(interval)
 	}
 }
 
