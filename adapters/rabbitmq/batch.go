@@ -8,9 +8,11 @@ import (
 	"sync"
 	"time"
 
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outboxmill/outboxmill/internal/trace"
 	"github.com/outboxmill/outboxmill/middleware"
 )
 
@@ -257,6 +259,7 @@ func (l *lane) collect(ctx context.Context, deliveries <-chan amqp.Delivery, lin
 			return nil, false
 		}
 		batch = append(batch, d)
+		markReceived(d)
 	case <-ctx.Done():
 		return nil, true
 	}
@@ -276,11 +279,21 @@ func (l *lane) collect(ctx context.Context, deliveries <-chan amqp.Delivery, lin
 				return batch, false
 			}
 			batch = append(batch, d)
+			markReceived(d)
 		case <-linger.C:
 			return batch, true
 		}
 	}
 	return batch, true
+}
+
+// markReceived records for the benchmark's latency breakdown that the lane
+// took d.
+func markReceived(d amqp.Delivery) {
+	if trace.On() {
+		id, _ := d.Headers[wmamqp.DefaultMessageUUIDHeaderKey].(string)
+		trace.Mark(trace.Received, id)
+	}
 }
 
 // handle handles batch in one transaction and acks it; if the batch fails,
@@ -300,6 +313,11 @@ func (l *lane) handle(ctx context.Context, batch []amqp.Delivery) error {
 		}
 		msg.SetContext(ctx)
 		msgs[i] = msg
+	}
+	if trace.On() {
+		for _, msg := range msgs {
+			trace.Mark(trace.Started, msg.UUID)
+		}
 	}
 	_, err := l.processBatch(ctx, msgs)
 	if err == nil {

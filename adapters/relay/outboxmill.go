@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/internal/trace"
 )
 
 // maxRetryBackoff caps the wait between two attempts after a failure, so the
@@ -380,6 +381,13 @@ func (r *Outboxmill) readBatch(ctx context.Context, pos position) (rows []row, p
 	}
 	if err := rs.Err(); err != nil {
 		return nil, false, fmt.Errorf("read outbox: %w", err)
+	}
+	if trace.On() {
+		for _, x := range rows {
+			if x.msg != nil {
+				trace.Mark(trace.Read, x.msg.UUID)
+			}
+		}
 	}
 	return rows, pending, nil
 }

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/internal/stack"
 	"github.com/outboxmill/outboxmill/internal/testdb"
+	"github.com/outboxmill/outboxmill/internal/trace"
 )
 
 // fixture is an outbox in a database of its own and an exchange of its own.
@@ -562,5 +564,40 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// stageMarks keeps the trace marks of one event.
+type stageMarks struct {
+	mu    sync.Mutex
+	id    string
+	marks []trace.Stage
+}
+
+func (s *stageMarks) Mark(stage trace.Stage, eventID string, _ time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if eventID == s.id {
+		s.marks = append(s.marks, stage)
+	}
+}
+
+// With a trace recorder installed (bench -stages) the relay reports when it
+// read each event and when it handed it to the broker.
+func TestOutboxmill_ReportsReadAndPublishedStages(t *testing.T) {
+	f := newFixture(t)
+	d := f.bindQueue("#")
+	held := f.begin("traced", 1)
+	rec := &stageMarks{id: held.ev.ID}
+	defer trace.Install(rec)()
+	f.start(f.config())
+	if err := held.tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	receive(t, d, 1, 30*time.Second)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if !slices.Equal(rec.marks, []trace.Stage{trace.Read, trace.Published}) {
+		t.Fatalf("marks %v, want read then published", rec.marks)
 	}
 }

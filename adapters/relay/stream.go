@@ -8,6 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/internal/trace"
 )
 
 // stream publishes batches on one broker channel as one continuous flow:
@@ -86,6 +87,7 @@ func (s *stream) publish(ctx context.Context, rows []row) error {
 		}
 		b.sent++
 		s.outstanding++
+		trace.Mark(trace.Published, x.msg.UUID)
 	}
 	// A batch of invalid rows only, or one whose rows all settled while it
 	// was published, is stored at once.

@@ -49,6 +49,7 @@ func run(args []string) int {
 	tunedBatch := fs.Int("tuned-batch", full.TunedBatchSize, "select batch size of the tuned Watermill forwarder")
 	tunedPool := fs.Int("tuned-pool", full.TunedChannelPool, "AMQP channel pool size of the tuned Watermill forwarder")
 	consumerKind := fs.String("consumer", full.Consumer, "settlement consumer of the pipelines: batch or router")
+	stages := fs.Bool("stages", false, "note with each latency figure how long events took between the stages of the pipeline (commit, read, published, received, started, handled)")
 	adminURL := fs.String("database-url", servers.AdminDatabaseURL, "PostgreSQL URL of a user that may create databases (env OUTBOXMILL_ADMIN_DATABASE_URL)")
 	amqpURL := fs.String("amqp-url", servers.AMQPURL, "RabbitMQ URL (env AMQP_URL)")
 	logLevel := fs.String("log-level", "info", "level of the components' log, written to OUT/bench.log (debug, info, warn, error)")
@@ -74,6 +75,7 @@ func run(args []string) int {
 	cfg.TunedBatchSize = *tunedBatch
 	cfg.TunedChannelPool = *tunedPool
 	cfg.Consumer = *consumerKind
+	cfg.Stages = *stages
 	if *backlog != 0 {
 		cfg.Backlog = *backlog
 	}

@@ -39,6 +39,7 @@ func tinyConfig(t *testing.T) Config {
 	cfg.WakeWindow = 200 * time.Millisecond
 	cfg.RelayPollInterval = 50 * time.Millisecond
 	cfg.StallTimeout = 20 * time.Second
+	cfg.Stages = true
 	return cfg
 }
 
@@ -119,6 +120,31 @@ func TestRun(t *testing.T) {
 		for _, in := range report.Integrity {
 			if in.Committed == 0 || in.Handled != in.Committed {
 				t.Errorf("%s: committed %d, handled %d", in.Variant, in.Committed, in.Handled)
+			}
+		}
+
+		// The stage notes: the naive write publishes itself, the batch
+		// consumer reports when it took and started each event; Watermill's
+		// forwarder reports nothing.
+		stageNotes := map[string]string{}
+		for _, n := range report.Notes {
+			if label, _, ok := strings.Cut(n, ": stages at "); ok {
+				stageNotes[label] = n
+			}
+		}
+		for label, steps := range map[string][]string{
+			"naive dual write": {"commit to published", "published to received", "received to started", "started to handled"},
+			"relay watermill":  {"commit to received", "received to started", "started to handled"},
+		} {
+			note, ok := stageNotes[label]
+			if !ok {
+				t.Errorf("no stages note for %s; notes: %v", label, report.Notes)
+				continue
+			}
+			for _, step := range steps {
+				if !strings.Contains(note, step+" ") {
+					t.Errorf("stages note of %s lacks %q: %s", label, step, note)
+				}
 			}
 		}
 

@@ -106,6 +106,10 @@ type Config struct {
 	// The consumer limits are measured with each, whatever it is.
 	Consumer string
 
+	// Stages adds to the report, for each latency figure, how long events
+	// took between the stages of the pipeline (see internal/trace).
+	Stages bool
+
 	// RelayPollInterval is the poll interval given to relay.New; 0 leaves
 	// each kind's default.
 	RelayPollInterval time.Duration

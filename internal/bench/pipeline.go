@@ -20,6 +20,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/app"
+	"github.com/outboxmill/outboxmill/internal/trace"
 	"github.com/outboxmill/outboxmill/services"
 )
 
@@ -451,9 +452,10 @@ func (r *runner) measureLatency(ctx context.Context, p *pipeline, capacity float
 		}
 		var p50, p99, mx, achieved []float64
 		var horizon horizonStats
+		var measured []string
 		for rep := 0; rep < r.cfg.Reps; rep++ {
 			watch := r.watchHorizon(ctx, p.work.orders.name, p.work.settle.name)
-			res, err := paced(ctx, p.units, load, r.cfg.Warmup, r.cfg.LatencyWindow, p.tr)
+			res, err := r.pacedTraced(ctx, p, load)
 			hs, werr := watch.stop()
 			if err != nil {
 				return err
@@ -466,6 +468,7 @@ func (r *runner) measureLatency(ctx context.Context, p *pipeline, capacity float
 			if err != nil {
 				return err
 			}
+			measured = append(measured, res.Measured...)
 			lat := p.tr.latencies(res.Measured)
 			slices.Sort(lat)
 			if len(lat) == 0 {
@@ -481,6 +484,12 @@ func (r *runner) measureLatency(ctx context.Context, p *pipeline, capacity float
 				r.progress("lat    %-24s %d events not handled after %s without progress", p.v.label, lost, r.cfg.StallTimeout)
 			}
 		}
+		if r.cfg.Stages {
+			note := fmt.Sprintf("%s: stages at %d/s, p50 / p99 ms over the %d events of its %d repetitions: %s",
+				p.v.label, load, len(measured), r.cfg.Reps, formatStages(p.tr.stageDelays(measured)))
+			r.report.Notes = append(r.report.Notes, note)
+			r.progress("stages %s", note)
+		}
 		for _, f := range []struct {
 			name, unit string
 			samples    []float64
@@ -494,6 +503,30 @@ func (r *runner) measureLatency(ctx context.Context, p *pipeline, capacity float
 		}
 	}
 	return nil
+}
+
+// pacedTraced offers load to p's producers for a latency window; with
+// Config.Stages the relay and the consumer report each event's stages to
+// p's tracker meanwhile.
+func (r *runner) pacedTraced(ctx context.Context, p *pipeline, load int) (pacedResult, error) {
+	if r.cfg.Stages {
+		defer trace.Install(p.tr)()
+	}
+	return paced(ctx, p.units, load, r.cfg.Warmup, r.cfg.LatencyWindow, p.tr)
+}
+
+// formatStages renders each step's p50 / p99 in ms.
+func formatStages(steps []stageDelay) string {
+	parts := make([]string, 0, len(steps))
+	for _, st := range steps {
+		if len(st.Delays) == 0 {
+			continue
+		}
+		slices.Sort(st.Delays)
+		parts = append(parts, fmt.Sprintf("%s to %s %.2f / %.2f", st.From, st.To,
+			ms(percentile(st.Delays, 50)), ms(percentile(st.Delays, 99))))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // measureIdle counts the transactions of the pipeline's databases while the

@@ -13,6 +13,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/domain"
+	"github.com/outboxmill/outboxmill/internal/trace"
 )
 
 // unitOfWork commits one paid order. It returns the id of the event the
@@ -71,6 +72,7 @@ func publishConfirmed(ctx context.Context, ch *amqp.Channel, exchange string, ev
 	if err != nil {
 		return fmt.Errorf("publish event %s: %w", ev.ID, err)
 	}
+	trace.Mark(trace.Published, ev.ID)
 	ok, err := dc.WaitContext(ctx)
 	if err != nil {
 		return err

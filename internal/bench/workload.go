@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/domain"
+	"github.com/outboxmill/outboxmill/internal/trace"
 )
 
 // Every measurement works on the same unit of work: an order placed and
@@ -124,6 +125,7 @@ type tracker struct {
 	mu          sync.Mutex
 	committed   map[string]time.Time
 	handled     map[string]time.Time
+	stages      map[trace.Stage]map[string]time.Time // while recording stages
 	redelivered int
 	nCommitted  atomic.Int64
 	nHandled    atomic.Int64
@@ -156,6 +158,62 @@ func (t *tracker) handle(eventID string, at time.Time) {
 	if !seen {
 		t.nHandled.Add(1)
 	}
+}
+
+// Mark implements trace.Recorder: the first time each event passes each
+// stage is kept.
+func (t *tracker) Mark(stage trace.Stage, eventID string, at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stages == nil {
+		t.stages = map[trace.Stage]map[string]time.Time{}
+	}
+	m := t.stages[stage]
+	if m == nil {
+		m = map[string]time.Time{}
+		t.stages[stage] = m
+	}
+	if _, seen := m[eventID]; !seen {
+		m[eventID] = at
+	}
+}
+
+// stageDelays returns, for each step between two stages that ids passed,
+// how long each of them took, in the order of the pipeline. A stage no event
+// passed (no relay, or a consumer that does not report it) is left out.
+func (t *tracker) stageDelays(ids []string) []stageDelay {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	type point struct {
+		name  string
+		times map[string]time.Time
+	}
+	points := []point{{"commit", t.committed}}
+	for _, s := range []trace.Stage{trace.Read, trace.Published, trace.Received, trace.Started} {
+		if len(t.stages[s]) > 0 {
+			points = append(points, point{s.String(), t.stages[s]})
+		}
+	}
+	points = append(points, point{"handled", t.handled})
+	var out []stageDelay
+	for i := 1; i < len(points); i++ {
+		d := stageDelay{From: points[i-1].name, To: points[i].name}
+		for _, id := range ids {
+			from, ok1 := points[i-1].times[id]
+			to, ok2 := points[i].times[id]
+			if ok1 && ok2 {
+				d.Delays = append(d.Delays, max(to.Sub(from), 0))
+			}
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// stageDelay is how long events took from one stage to the next.
+type stageDelay struct {
+	From, To string
+	Delays   []time.Duration
 }
 
 func (t *tracker) duplicate() {
