@@ -133,8 +133,8 @@ func TestRun(t *testing.T) {
 			}
 		}
 		for label, steps := range map[string][]string{
-			"naive dual write": {"commit to published", "published to received", "received to started", "started to handled"},
-			"relay watermill":  {"commit to received", "received to started", "started to handled"},
+			"naive dual write": {"due to commit", "commit to published", "published to received", "received to started", "started to handled"},
+			"relay watermill":  {"due to commit", "commit to received", "received to started", "started to handled"},
 		} {
 			note, ok := stageNotes[label]
 			if !ok {

@@ -485,8 +485,11 @@ func (r *runner) measureLatency(ctx context.Context, p *pipeline, capacity float
 			}
 		}
 		if r.cfg.Stages {
-			note := fmt.Sprintf("%s: stages at %d/s, p50 / p99 ms over the %d events of its %d repetitions: %s",
-				p.v.label, load, len(measured), r.cfg.Reps, formatStages(p.tr.stageDelays(measured)))
+			total := p.tr.dueToHandled(measured)
+			slices.Sort(total)
+			note := fmt.Sprintf("%s: stages at %d/s, p50 / p99 ms over the %d events of its %d repetitions: %s (due to handled %.2f / %.2f)",
+				p.v.label, load, len(measured), r.cfg.Reps, formatStages(p.tr.stageDelays(measured)),
+				ms(percentile(total, 50)), ms(percentile(total, 99)))
 			r.report.Notes = append(r.report.Notes, note)
 			r.progress("stages %s", note)
 		}

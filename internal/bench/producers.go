@@ -190,13 +190,15 @@ type pacedResult struct {
 }
 
 // paced offers rate commits per second for warmup+window, spread over the
-// writers of units, and records every commit in tr. A commit that cannot
-// start on time (all writers busy) starts late; Achieved shows it.
+// writers of units, and records every commit in tr, with the time it was
+// due. A commit that cannot start on time (all writers busy) starts late;
+// Achieved shows it, and so does the "due to commit" step of the stages.
 func paced(ctx context.Context, units []unitOfWork, rate int, warmup, window time.Duration, tr *tracker) (pacedResult, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	total := warmup + window
-	tokens := make(chan struct{}, 8192)
+	// A token carries the time its commit was due.
+	tokens := make(chan time.Time, 8192)
 	start := time.Now()
 	go func() {
 		defer close(tokens)
@@ -213,7 +215,7 @@ func paced(ctx context.Context, units []unitOfWork, rate int, warmup, window tim
 				}
 			}
 			select {
-			case tokens <- struct{}{}:
+			case tokens <- start.Add(due):
 			case <-ctx.Done():
 				return
 			}
@@ -231,13 +233,14 @@ func paced(ctx context.Context, units []unitOfWork, rate int, warmup, window tim
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for range tokens {
+			for due := range tokens {
 				id, at, err := unit(ctx)
 				if err != nil {
 					failed.set(err)
 					return
 				}
 				tr.commit(id, at)
+				tr.due(id, due)
 				mu.Lock()
 				count++
 				if !at.Before(measureFrom) {
