@@ -4,7 +4,7 @@
 //
 // Usage:
 //
-//	bench [-quick] [-out DIR] [-relay-kinds watermill,outboxmill] [-readme README.md]
+//	bench [-quick] [-out DIR] [-relay-kinds watermill,outboxmill] [-stages] [-readme README.md]
 //
 // It exits 0 when the run completed, 1 when the pipeline lost or doubled an
 // event, and 2 when the run could not be carried out.
