@@ -45,14 +45,8 @@ type Posting struct {
 	Entries    []domain.LedgerEntry
 }
 
-// Append inserts entries for orderID through tx (the handler's transaction),
-// in one statement.
-func (l *SettlementLedger) Append(ctx context.Context, tx *sqlx.Tx, orderID, eventID, currency string, occurredAt time.Time, entries []domain.LedgerEntry) error {
-	return l.AppendAll(ctx, tx, []Posting{{OrderID: orderID, EventID: eventID, Currency: currency, OccurredAt: occurredAt, Entries: entries}})
-}
-
-// AppendAll inserts the entries of postings through tx in one statement,
-// in the order given.
+// AppendAll inserts the entries of postings through tx (the handler's
+// transaction) in one statement, in the order given.
 func (l *SettlementLedger) AppendAll(ctx context.Context, tx *sqlx.Tx, postings []Posting) error {
 	query, args, ok := AppendStatement(postings)
 	if !ok {

@@ -252,20 +252,12 @@ func (l *lane) session(ctx context.Context, consuming func()) (progressed bool, 
 
 // collect waits for a delivery, then takes those arriving within the
 // linger after it, up to MaxBatch. open is false once deliveries closed.
+// ctx ending stops the wait for a first delivery, not the linger.
 func (l *lane) collect(ctx context.Context, deliveries <-chan amqp.Delivery, linger *time.Timer) (batch []amqp.Delivery, open bool) {
-	select {
-	case d, ok := <-deliveries:
-		if !ok {
-			return nil, false
-		}
-		batch = append(batch, d)
-		markReceived(d)
-	case <-ctx.Done():
-		return nil, true
-	}
-	linger.Reset(l.c.Linger)
+	done := ctx.Done()
+	var lingered <-chan time.Time // armed by the first delivery
 	defer func() {
-		if !linger.Stop() {
+		if lingered != nil && !linger.Stop() {
 			select {
 			case <-linger.C:
 			default:
@@ -280,8 +272,14 @@ func (l *lane) collect(ctx context.Context, deliveries <-chan amqp.Delivery, lin
 			}
 			batch = append(batch, d)
 			markReceived(d)
-		case <-linger.C:
+			if lingered == nil {
+				linger.Reset(l.c.Linger)
+				lingered, done = linger.C, nil
+			}
+		case <-lingered:
 			return batch, true
+		case <-done:
+			return nil, true
 		}
 	}
 	return batch, true

@@ -36,7 +36,9 @@ func TestSettlements_Get(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback()
-		if err := ledger.Append(context.Background(), tx, orderID, domain.NewEventID(), "EUR", time.Now(), entries); err != nil {
+		if err := ledger.AppendAll(context.Background(), tx, []postgres.Posting{{
+			OrderID: orderID, EventID: domain.NewEventID(), Currency: "EUR", OccurredAt: time.Now(), Entries: entries,
+		}}); err != nil {
 			t.Fatal(err)
 		}
 		if commit {

@@ -49,13 +49,9 @@ func (h *Handler) Handle(msg *message.Message) error {
 // valid OrderPaid event, it fails with that message's Permanent error and
 // appends nothing.
 func (h *Handler) HandleBatch(ctx context.Context, tx *sqlx.Tx, msgs []*message.Message) error {
-	postings := make([]postgres.Posting, len(msgs))
-	for i, msg := range msgs {
-		p, err := posting(msg)
-		if err != nil {
-			return err
-		}
-		postings[i] = p
+	postings, err := postingsOf(msgs)
+	if err != nil {
+		return err
 	}
 	return h.ledger.AppendAll(ctx, tx, postings)
 }
@@ -64,6 +60,20 @@ func (h *Handler) HandleBatch(ctx context.Context, tx *sqlx.Tx, msgs []*message.
 // (middleware.Dedup.PipelineBatch): the one statement appending the entries
 // of every message.
 func (h *Handler) BatchStatements(msgs []*message.Message) ([]middleware.Statement, error) {
+	postings, err := postingsOf(msgs)
+	if err != nil {
+		return nil, err
+	}
+	query, args, ok := postgres.AppendStatement(postings)
+	if !ok {
+		return nil, nil
+	}
+	return []middleware.Statement{{SQL: query, Args: args}}, nil
+}
+
+// postingsOf returns the postings of msgs, in order, or the error of the
+// first message that is not a valid OrderPaid event.
+func postingsOf(msgs []*message.Message) ([]postgres.Posting, error) {
 	postings := make([]postgres.Posting, len(msgs))
 	for i, msg := range msgs {
 		p, err := posting(msg)
@@ -72,11 +82,7 @@ func (h *Handler) BatchStatements(msgs []*message.Message) ([]middleware.Stateme
 		}
 		postings[i] = p
 	}
-	query, args, ok := postgres.AppendStatement(postings)
-	if !ok {
-		return nil, nil
-	}
-	return []middleware.Statement{{SQL: query, Args: args}}, nil
+	return postings, nil
 }
 
 // posting returns the ledger entries of the OrderPaid event msg carries.

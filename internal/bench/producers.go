@@ -239,8 +239,7 @@ func paced(ctx context.Context, units []unitOfWork, rate int, warmup, window tim
 					failed.set(err)
 					return
 				}
-				tr.commit(id, at)
-				tr.due(id, due)
+				tr.commitDue(id, at, due)
 				mu.Lock()
 				count++
 				if !at.Before(measureFrom) {

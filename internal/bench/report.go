@@ -85,6 +85,7 @@ type Settings struct {
 	WakeWindowS      float64 `json:"wake_window_s"`
 	ConsumerPrefetch int     `json:"consumer_prefetch"`
 	Consumer         string  `json:"consumer"`
+	Stages           bool    `json:"stages"`
 }
 
 func settingsOf(c Config) Settings {
@@ -95,6 +96,7 @@ func settingsOf(c Config) Settings {
 		E2EWindowS: c.E2EWindow.Seconds(), WarmupS: c.Warmup.Seconds(), Loads: c.Loads,
 		CapacityShare: c.CapacityShare, LatencyWindowS: c.LatencyWindow.Seconds(), IdleWindowS: c.IdleWindow.Seconds(),
 		WakeWindowS: c.WakeWindow.Seconds(), ConsumerPrefetch: c.ConsumerPrefetch, Consumer: c.Consumer,
+		Stages: c.Stages,
 	}
 }
 

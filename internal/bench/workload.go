@@ -136,13 +136,20 @@ type tracker struct {
 }
 
 func newTracker() *tracker {
-	return &tracker{committed: map[string]time.Time{}, handled: map[string]time.Time{}}
+	return &tracker{committed: map[string]time.Time{}, handled: map[string]time.Time{}, dueAt: map[string]time.Time{}}
 }
 
 // commit records that eventID's transaction committed at.
-func (t *tracker) commit(eventID string, at time.Time) {
+func (t *tracker) commit(eventID string, at time.Time) { t.commitDue(eventID, at, time.Time{}) }
+
+// commitDue records that eventID's transaction committed at, and, when due
+// is set, that the paced commit was due then.
+func (t *tracker) commitDue(eventID string, at, due time.Time) {
 	t.mu.Lock()
 	t.committed[eventID] = at
+	if !due.IsZero() {
+		t.dueAt[eventID] = due
+	}
 	t.mu.Unlock()
 	t.nCommitted.Add(1)
 }
@@ -159,16 +166,6 @@ func (t *tracker) handle(eventID string, at time.Time) {
 	if !seen {
 		t.nHandled.Add(1)
 	}
-}
-
-// due records when the paced commit of eventID was due to start.
-func (t *tracker) due(eventID string, at time.Time) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.dueAt == nil {
-		t.dueAt = map[string]time.Time{}
-	}
-	t.dueAt[eventID] = at
 }
 
 // Mark implements trace.Recorder: the first time each event passes each
@@ -200,9 +197,8 @@ func (t *tracker) stageDelays(ids []string) []stageDelay {
 		name  string
 		times map[string]time.Time
 	}
-	// A producer that waits for its publish's confirm (the naive write)
-	// starts its next commit late while the broker is slow: the wait shows
-	// from the time the commit was due, not from the commit.
+	// A commit that starts late (every writer busy, or a writer waiting
+	// for its publish's confirm) shows in the step from due to commit.
 	points := []point{{"due", t.dueAt}, {"commit", t.committed}}
 	for _, s := range []trace.Stage{trace.Read, trace.Published, trace.Received, trace.Started} {
 		if len(t.stages[s]) > 0 {
@@ -212,15 +208,8 @@ func (t *tracker) stageDelays(ids []string) []stageDelay {
 	points = append(points, point{"handled", t.handled})
 	var out []stageDelay
 	for i := 1; i < len(points); i++ {
-		d := stageDelay{From: points[i-1].name, To: points[i].name}
-		for _, id := range ids {
-			from, ok1 := points[i-1].times[id]
-			to, ok2 := points[i].times[id]
-			if ok1 && ok2 {
-				d.Delays = append(d.Delays, max(to.Sub(from), 0))
-			}
-		}
-		out = append(out, d)
+		out = append(out, stageDelay{From: points[i-1].name, To: points[i].name,
+			Delays: between(points[i-1].times, points[i].times, ids)})
 	}
 	return out
 }
@@ -230,15 +219,7 @@ func (t *tracker) stageDelays(ids []string) []stageDelay {
 func (t *tracker) dueToHandled(ids []string) []time.Duration {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var out []time.Duration
-	for _, id := range ids {
-		due, ok1 := t.dueAt[id]
-		h, ok2 := t.handled[id]
-		if ok1 && ok2 {
-			out = append(out, max(h.Sub(due), 0))
-		}
-	}
-	return out
+	return between(t.dueAt, t.handled, ids)
 }
 
 // stageDelay is how long events took from one stage to the next.
@@ -261,19 +242,21 @@ func (t *tracker) inFlight() int64 { return t.nCommitted.Load() - t.nHandled.Loa
 func (t *tracker) latencies(ids []string) []time.Duration {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return between(t.committed, t.handled, ids)
+}
+
+// between returns, for each of ids in both from and to, the time from one
+// to the other. A negative time (the handler finished before the producer
+// took the time after its commit returned) is below the clock's reach and
+// counts as 0.
+func between(from, to map[string]time.Time, ids []string) []time.Duration {
 	out := make([]time.Duration, 0, len(ids))
 	for _, id := range ids {
-		h, ok := t.handled[id]
-		if !ok {
-			continue
+		a, ok1 := from[id]
+		b, ok2 := to[id]
+		if ok1 && ok2 {
+			out = append(out, max(b.Sub(a), 0))
 		}
-		d := h.Sub(t.committed[id])
-		if d < 0 {
-			// The handler finished before the producer took the time after
-			// its commit returned: the delay is below the clock's reach.
-			d = 0
-		}
-		out = append(out, d)
 	}
 	return out
 }

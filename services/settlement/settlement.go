@@ -263,8 +263,10 @@ func (s *Service) Run(ctx context.Context) error {
 	defer s.close()
 	logger := s.config.Logger
 	logger.Info("settlement service running", "http_addr", s.Addr(), "lanes", services.SettlementLanes, "consumer", s.config.Consumer)
-	consumer := services.Component{Name: "batch consumer", Run: s.batch.Run}
-	if s.router != nil {
+	var consumer services.Component
+	if s.batch != nil {
+		consumer = services.Component{Name: "batch consumer", Run: s.batch.Run}
+	} else {
 		consumer = services.Component{
 			Name: "consumer router",
 			Run:  s.router.Run,
