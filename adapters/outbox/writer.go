@@ -71,10 +71,18 @@ func NewWriter(config Config, logger watermill.LoggerAdapter) (*Writer, error) {
 // Write inserts events into the outbox through tx. They become visible to the
 // relay when tx commits and vanish if it rolls back.
 func (w *Writer) Write(ctx context.Context, tx *sqlx.Tx, events []domain.Event) error {
+	return w.WriteTo(ctx, wmsql.TxFromStdSQL(tx.Tx), events)
+}
+
+// WriteTo inserts events into the outbox through exec, watermill-sql's
+// publisher's handle on the caller's transaction: a *sql.Tx wrapped by
+// wmsql.TxFromStdSQL, or a *pgbatch.Tx, which queues the inserts and sends
+// them with the transaction's other statements in one round trip.
+func (w *Writer) WriteTo(ctx context.Context, exec wmsql.ContextExecutor, events []domain.Event) error {
 	if len(events) == 0 {
 		return nil
 	}
-	pub, err := wmsql.NewPublisher(wmsql.TxFromStdSQL(tx.Tx), wmsql.PublisherConfig{
+	pub, err := wmsql.NewPublisher(exec, wmsql.PublisherConfig{
 		SchemaAdapter: Schema(),
 	}, w.logger)
 	if err != nil {

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/pgbatch"
 	"github.com/outboxmill/outboxmill/app"
 	"github.com/outboxmill/outboxmill/domain"
 )
@@ -17,17 +19,39 @@ var _ app.OrderRepository = (*OrderRepository)(nil)
 
 // OrderRepository stores orders in PostgreSQL and writes their events to the
 // outbox in the same transaction.
+//
+// Add sends its transaction in one round trip (see pgbatch): the order row,
+// the idempotency key and the outbox rows are queued and committed together.
+// Update reads the order first and checks its version, so it runs in an
+// ordinary transaction. The repository needs pgx's driver, which Open uses:
+// it matches PostgreSQL's errors as pgx reports them.
 type OrderRepository struct {
-	db       *sqlx.DB
-	outbox   *outbox.Writer
-	listener app.CommitListener
+	db           *sqlx.DB
+	outbox       *outbox.Writer
+	listener     app.CommitListener
+	oneRoundTrip bool
+}
+
+// RepositoryOption changes how an OrderRepository works.
+type RepositoryOption func(*OrderRepository)
+
+// StatementByStatement makes Add run its transaction one statement at a time
+// (BEGIN, the inserts, COMMIT: a round trip each), as Update does. The
+// benchmark measures it beside the one round trip. A pool whose driver is
+// not pgx's gets this mode without the option.
+func StatementByStatement() RepositoryOption {
+	return func(r *OrderRepository) { r.oneRoundTrip = false }
 }
 
 // NewOrderRepository returns a repository on db that writes events through
 // writer. listener, when not nil, is told after each commit that wrote
 // events.
-func NewOrderRepository(db *sqlx.DB, writer *outbox.Writer, listener app.CommitListener) *OrderRepository {
-	return &OrderRepository{db: db, outbox: writer, listener: listener}
+func NewOrderRepository(db *sqlx.DB, writer *outbox.Writer, listener app.CommitListener, opts ...RepositoryOption) *OrderRepository {
+	r := &OrderRepository{db: db, outbox: writer, listener: listener, oneRoundTrip: pgbatch.Supported(db)}
+	for _, opt := range opts {
+		opt(r)
+	}
+	return r
 }
 
 type orderRow struct {
@@ -49,27 +73,51 @@ func (r orderRow) order() (*domain.Order, error) {
 
 // Add implements app.OrderRepository.
 func (r *OrderRepository) Add(ctx context.Context, order *domain.Order, events []domain.Event, key *app.IdempotencyKey) error {
-	return r.inTx(ctx, len(events) > 0, func(tx *sqlx.Tx) error {
-		if _, err := tx.ExecContext(ctx, `
-			INSERT INTO orders (id, customer_id, amount, currency, status, version)
-			VALUES ($1, $2, $3, $4, $5, $6)`,
-			order.ID(), order.CustomerID(), order.Amount(), order.Currency(), order.Status(), order.Version(),
-		); err != nil {
-			return fmt.Errorf("insert order %s: %w", order.ID(), err)
+	if !r.oneRoundTrip {
+		return r.inTx(ctx, len(events) > 0, func(tx *sqlx.Tx) error {
+			return r.add(ctx, wmsql.TxFromStdSQL(tx.Tx), order, events, key)
+		})
+	}
+	var tx pgbatch.Tx
+	if err := r.add(ctx, &tx, order, events, key); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx, r.db); err != nil {
+		if isUniqueViolation(err, idempotencyKeys) {
+			return app.ErrIdempotencyKeyTaken
 		}
-		if key != nil {
-			_, err := tx.ExecContext(ctx, `
-				INSERT INTO order_idempotency_keys (key, request_hash, order_id) VALUES ($1, $2, $3)`,
-				key.Key, key.RequestHash, order.ID())
-			if isUniqueViolation(err, "order_idempotency_keys_pkey") {
-				return app.ErrIdempotencyKeyTaken
-			}
-			if err != nil {
-				return fmt.Errorf("insert idempotency key: %w", err)
-			}
+		return fmt.Errorf("commit: %w", err)
+	}
+	r.committed(len(events) > 0)
+	return nil
+}
+
+// idempotencyKeys is the primary key of order_idempotency_keys.
+const idempotencyKeys = "order_idempotency_keys_pkey"
+
+// add writes order, its idempotency key (when not nil) and events through
+// ex: an open transaction, or a pgbatch.Tx, in which the statements only
+// queue and their errors surface at its commit.
+func (r *OrderRepository) add(ctx context.Context, ex wmsql.ContextExecutor, order *domain.Order, events []domain.Event, key *app.IdempotencyKey) error {
+	if _, err := ex.ExecContext(ctx, `
+		INSERT INTO orders (id, customer_id, amount, currency, status, version)
+		VALUES ($1, $2, $3, $4, $5, $6)`,
+		order.ID(), order.CustomerID(), order.Amount(), order.Currency(), order.Status(), order.Version(),
+	); err != nil {
+		return fmt.Errorf("insert order %s: %w", order.ID(), err)
+	}
+	if key != nil {
+		_, err := ex.ExecContext(ctx, `
+			INSERT INTO order_idempotency_keys (key, request_hash, order_id) VALUES ($1, $2, $3)`,
+			key.Key, key.RequestHash, order.ID())
+		if isUniqueViolation(err, idempotencyKeys) {
+			return app.ErrIdempotencyKeyTaken
 		}
-		return r.outbox.Write(ctx, tx, events)
-	})
+		if err != nil {
+			return fmt.Errorf("insert idempotency key: %w", err)
+		}
+	}
+	return r.outbox.WriteTo(ctx, ex, events)
 }
 
 // Update implements app.OrderRepository. The version check in the UPDATE
@@ -159,8 +207,13 @@ func (r *OrderRepository) inTx(ctx context.Context, writesEvents bool, fn func(t
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
+	r.committed(writesEvents)
+	return nil
+}
+
+// committed tells the commit listener, if any, of a commit that wrote events.
+func (r *OrderRepository) committed(writesEvents bool) {
 	if writesEvents && r.listener != nil {
 		r.listener.EventsCommitted()
 	}
-	return nil
 }

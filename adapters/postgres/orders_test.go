@@ -64,13 +64,33 @@ func (c *commitRecorder) calls() []int {
 
 func newRepo(t *testing.T) *repoFixture {
 	t.Helper()
+	return newRepoIn(t, addOneRoundTrip)
+}
+
+// addMode is a way OrderRepository.Add commits.
+type addMode struct {
+	name string
+	opts []postgres.RepositoryOption
+}
+
+var (
+	addOneRoundTrip = addMode{name: "one round trip"}
+	addModes        = []addMode{
+		addOneRoundTrip,
+		{name: "statement by statement", opts: []postgres.RepositoryOption{postgres.StatementByStatement()}},
+	}
+)
+
+// newRepoIn returns a fixture whose repository's Add commits as mode says.
+func newRepoIn(t *testing.T, mode addMode) *repoFixture {
+	t.Helper()
 	db := testdb.NewOrders(t)
 	writer, err := outbox.NewWriter(outbox.DefaultConfig(), watermill.NopLogger{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := &commitRecorder{db: db, t: t}
-	return &repoFixture{db: db, repo: postgres.NewOrderRepository(db.DB, writer, rec), commits: rec}
+	return &repoFixture{db: db, repo: postgres.NewOrderRepository(db.DB, writer, rec, mode.opts...), commits: rec}
 }
 
 var testNow = time.Date(2024, 5, 17, 10, 30, 0, 0, time.UTC)
@@ -189,7 +209,15 @@ func checkFailedAtCommit(t *testing.T, err error) {
 
 func TestOrderRepository_Add(t *testing.T) {
 	t.Parallel()
-	f := newRepo(t)
+	for _, mode := range addModes {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			testAdd(t, newRepoIn(t, mode))
+		})
+	}
+}
+
+func testAdd(t *testing.T, f *repoFixture) {
 	f.failAtCommit(t)
 
 	t.Run("commits the order and its event", func(t *testing.T) {
@@ -474,7 +502,15 @@ func TestOrderRepository_FindByIdempotencyKey(t *testing.T) {
 
 func TestOrderRepository_CommitListener(t *testing.T) {
 	t.Parallel()
-	f := newRepo(t)
+	for _, mode := range addModes {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			testCommitListener(t, newRepoIn(t, mode))
+		})
+	}
+}
+
+func testCommitListener(t *testing.T, f *repoFixture) {
 	f.failAtCommit(t)
 	ctx := context.Background()
 

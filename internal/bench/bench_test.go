@@ -59,6 +59,7 @@ func TestRun(t *testing.T) {
 		want := []struct{ group, name, variant string }{
 			{GroupLimit, figCommit(1), ""},
 			{GroupLimit, figCommit(4), ""},
+			{GroupLimit, figCommitStepwise(4), ""},
 			{GroupLimit, figPublishEach, ""},
 			{GroupLimit, figPublishWindow + " 256", ""},
 			{GroupLimit, figPublishBacklog(300, 256), ""},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -42,6 +43,15 @@ func figCommit(writers int) string {
 	}
 	return fmt.Sprintf("commit order+outbox, %d writers", writers)
 }
+
+// figCommitStepwise is the commit rate of writers whose transactions run
+// statement by statement (postgres.StatementByStatement), a round trip each,
+// instead of in one round trip.
+func figCommitStepwise(writers int) string {
+	return figCommit(writers) + stepwiseSuffix
+}
+
+const stepwiseSuffix = ", statement by statement"
 
 // limitSamples collects the samples of the limit figures over the run.
 type limitSamples struct {
@@ -123,20 +133,29 @@ func (r *runner) measureCommitLimits(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	repo := postgres.NewOrderRepository(w.ordersDB, writer, nil)
-	for _, w := range r.cfg.CommitWriters {
-		units := make([]unitOfWork, w)
+	measure := func(name string, writers int, repo *postgres.OrderRepository) error {
+		units := make([]unitOfWork, writers)
 		for i := range units {
 			units[i] = outboxUnit(repo)
 		}
 		res, err := flatOut(ctx, units, r.cfg.LimitWindow, nil, nil)
 		if err != nil {
-			return fmt.Errorf("commit rate with %d writers: %w", w, err)
+			return fmt.Errorf("%s: %w", name, err)
 		}
-		r.limits.add(figCommit(w), res.Rate())
-		r.progress("limit  %-40s %.0f/s", figCommit(w), res.Rate())
+		r.limits.add(name, res.Rate())
+		r.progress("limit  %-40s %.0f/s", name, res.Rate())
+		return nil
 	}
-	return nil
+	repo := postgres.NewOrderRepository(w.ordersDB, writer, nil)
+	for _, n := range r.cfg.CommitWriters {
+		if err := measure(figCommit(n), n, repo); err != nil {
+			return err
+		}
+	}
+	// The baseline of the one round trip, at the most writers.
+	most := slices.Max(r.cfg.CommitWriters)
+	stepwise := postgres.NewOrderRepository(w.ordersDB, writer, nil, postgres.StatementByStatement())
+	return measure(figCommitStepwise(most), most, stepwise)
 }
 
 // sampleMessage is the OrderPaid event of a new order, as the relay

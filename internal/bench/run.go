@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -172,9 +173,13 @@ func (r *runner) finish() {
 		f := &rep.Figures[i]
 		switch f.Group {
 		case GroupLimit:
-			if strings.HasPrefix(f.Name, "commit") && f.Name != figCommit(1) {
+			if strings.HasPrefix(f.Name, "commit") && f.Name != figCommit(1) && !strings.HasSuffix(f.Name, stepwiseSuffix) {
 				ref, ok := rep.find(GroupLimit, figCommit(1), "")
 				addRatio(f, "limit", "1 writer", ref, ok)
+			}
+			if most := slices.Max(r.cfg.CommitWriters); f.Name == figCommit(most) {
+				ref, ok := rep.find(GroupLimit, figCommitStepwise(most), "")
+				addRatio(f, "limit", "statement by statement", ref, ok)
 			}
 			if f.Name == windowName || f.Name == backlogName {
 				ref, ok := rep.find(GroupLimit, figPublishEach, "")

@@ -79,6 +79,7 @@ func TestRunner_finish(t *testing.T) {
 	}
 	fig(GroupLimit, figCommit(1), "", 0, 1000)
 	fig(GroupLimit, figCommit(16), "", 0, 4000)
+	fig(GroupLimit, figCommitStepwise(16), "", 0, 2000)
 	fig(GroupLimit, figPublishEach, "", 0, 2000)
 	fig(GroupLimit, figPublishWindow+" 256", "", 0, 20000)
 	fig(GroupLimit, figSettleBatched, "", 0, 2500)
@@ -125,7 +126,8 @@ func TestRunner_finish(t *testing.T) {
 		kind                string
 		want                float64
 	}{
-		{"commit 16 writers against 1", GroupLimit, figCommit(16), "", 0, "limit", 4},
+		{"commit 16 writers against 1", GroupLimit, figCommit(16), "", 0, "limit:1 writer", 4},
+		{"one round trip against statement by statement", GroupLimit, figCommit(16), "", 0, "limit:statement by statement", 2},
 		{"confirm window against confirm each", GroupLimit, figPublishWindow + " 256", "", 0, "limit", 10},
 		{"drain against the publish limit", GroupDrain, figDrain(100), "relay/outboxmill", 0, "limit", 0.75},
 		{"drain against stock", GroupDrain, figDrain(100), "relay/outboxmill", 0, "stock", 15},
@@ -146,6 +148,11 @@ func TestRunner_finish(t *testing.T) {
 	t.Run("no ratio where stock was not measured", func(t *testing.T) {
 		if got := ratio(GroupLatency, figP50, "relay/outboxmill", 1000, "stock"); !math.IsNaN(got) {
 			t.Errorf("ratio against a stock figure that does not exist = %g", got)
+		}
+	})
+	t.Run("statement by statement has no ratio against 1 writer", func(t *testing.T) {
+		if got := ratio(GroupLimit, figCommitStepwise(16), "", 0, "limit"); !math.IsNaN(got) {
+			t.Errorf("ratio = %g", got)
 		}
 	})
 	t.Run("stock has no ratio against itself", func(t *testing.T) {
