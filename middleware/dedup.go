@@ -6,10 +6,10 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/jmoiron/sqlx"
+
+	"github.com/outboxmill/outboxmill/adapters/pgbatch"
 )
 
 // ErrNoEventID is returned (as a Permanent error) for a message without an
@@ -231,9 +231,10 @@ var ErrNotPipelined = errors.New("dedup: batch not pipelined")
 // PipelineBatch is ProcessBatch in one round trip to the database, for
 // batches of new events: their markers (a plain insert, which fails if any
 // of them exists) and statements(msgs) are sent together and run as one
-// implicit transaction, all or nothing. If a marker exists, it returns
-// ErrNotPipelined and nothing is written. OnProcessed is called for every
-// message after the commit. It needs the pgx driver (jackc/pgx/v5/stdlib).
+// implicit transaction, all or nothing (a pgbatch.Tx). If a marker exists,
+// it returns ErrNotPipelined and nothing is written. OnProcessed is called
+// for every message after the commit. It needs the pgx driver
+// (jackc/pgx/v5/stdlib).
 func (d Dedup) PipelineBatch(ctx context.Context, msgs []*message.Message, statements BatchStatements) (int, error) {
 	ids, err := eventIDs(msgs)
 	if err != nil {
@@ -243,28 +244,18 @@ func (d Dedup) PipelineBatch(ctx context.Context, msgs []*message.Message, state
 	if err != nil {
 		return 0, err
 	}
-	conn, err := d.DB.Conn(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("dedup: connect: %w", err)
+	var tx pgbatch.Tx
+	// Sorted, as in ProcessBatch.
+	tx.Exec("insert processed_events markers", `INSERT INTO `+d.table()+` (event_id, handler)
+		SELECT id, $2 FROM unnest($1::text[]) AS id ORDER BY id`, ids, d.Handler)
+	for i, st := range stmts {
+		tx.Exec(fmt.Sprintf("statement %d of the batch", i+1), st.SQL, st.Args...)
 	}
-	defer conn.Close()
-	err = conn.Raw(func(driverConn any) error {
-		pgxConn, ok := driverConn.(*stdlib.Conn)
-		if !ok {
-			return fmt.Errorf("%w: driver connection is %T", ErrNotPipelined, driverConn)
-		}
-		var batch pgx.Batch
-		// Sorted, as in ProcessBatch.
-		batch.Queue(`INSERT INTO `+d.table()+` (event_id, handler)
-			SELECT id, $2 FROM unnest($1::text[]) AS id ORDER BY id`, ids, d.Handler)
-		for _, st := range stmts {
-			batch.Queue(st.SQL, st.Args...)
-		}
-		return pgxConn.Conn().SendBatch(ctx, &batch).Close()
-	})
+	err = tx.Commit(ctx, d.DB)
 	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == uniqueViolation:
+	case errors.Is(err, pgbatch.ErrUnsupportedDriver),
+		errors.As(err, &pgErr) && pgErr.Code == uniqueViolation:
 		return 0, fmt.Errorf("%w: %w", ErrNotPipelined, err)
 	case err != nil:
 		return 0, fmt.Errorf("dedup: %d events in one round trip: %w", len(msgs), err)

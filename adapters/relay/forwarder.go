@@ -37,11 +37,13 @@ type Config struct {
 	// rows that were committed behind an older open transaction; the wait
 	// doubles up to PollInterval. Default 5 ms.
 	MinPollInterval time.Duration
-	// ReadInterval (outboxmill) is the least time between the start of two
-	// reads of the outbox unless the first read filled a batch: commits that
-	// come faster are read together, one query per interval, instead of one
-	// query per wake-up. It adds up to this much delay under load. Default
-	// 2 ms; negative disables it.
+	// ReadInterval (outboxmill) is the least time between the start of a
+	// read of the outbox that found rows (or rows waiting behind an older
+	// open transaction) and the next read, unless the first read filled a
+	// batch: commits that come faster are read together, one query per
+	// interval, instead of one query per wake-up. A read that found nothing
+	// does not hold back the next. It adds up to this much delay under
+	// load. Default 1 ms; negative disables it.
 	ReadInterval time.Duration
 	// BatchSize (outboxmill) is how many rows one read takes. Default 2000.
 	BatchSize int
@@ -107,7 +109,7 @@ func (c *Config) setDefaults() {
 		c.ConfirmTimeout = 30 * time.Second
 	}
 	if c.ReadInterval == 0 {
-		c.ReadInterval = 2 * time.Millisecond
+		c.ReadInterval = time.Millisecond
 	}
 	if c.PositionInterval == 0 {
 		c.PositionInterval = 20 * time.Millisecond

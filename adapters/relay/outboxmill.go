@@ -256,20 +256,16 @@ type batch struct {
 // open transaction, for a delay growing from MinPollInterval.
 func (r *Outboxmill) readAhead(ctx context.Context, from position, out chan<- batch) {
 	delay := r.config.MinPollInterval
-	var lastRead time.Time
-	full := true // the first read is not held back
+	pacer := readPacer{interval: r.config.ReadInterval}
 	for {
-		// While rows trickle in, reads are at least ReadInterval apart, so
-		// that a stream of commits, each waking the relay, costs one read
-		// per interval rather than one per commit.
-		if wait := r.config.ReadInterval - time.Since(lastRead); !full && wait > 0 {
+		if wait := pacer.wait(time.Now()); wait > 0 {
 			if !sleepCtx(ctx, wait) {
 				return
 			}
 		}
-		lastRead = time.Now()
+		started := time.Now()
 		rows, pending, err := r.readBatch(ctx, from)
-		full = len(rows) == r.config.BatchSize
+		pacer.read(started, len(rows), len(rows) == r.config.BatchSize, pending)
 		if err == nil && len(rows) == 0 {
 			wait := r.config.PollInterval
 			if pending {
@@ -298,6 +294,33 @@ func (r *Outboxmill) readAhead(ctx context.Context, from position, out chan<- ba
 			return
 		}
 		from = rows[len(rows)-1].pos
+	}
+}
+
+// readPacer spaces the reads of a relay while rows trickle in, so that a
+// stream of commits, each waking the relay, costs one read per interval
+// rather than one per commit. A read that found rows holds the next read
+// back until interval after its start, unless it filled its batch (there is
+// more to read at once). So does a read that found rows committed behind an
+// older open transaction, so that commits streaming in behind it do not
+// cost a read each. A read that found nothing holds nothing back: the next
+// commit is read as soon as it wakes the relay, not up to an interval later.
+// Reads are therefore at most two per interval: one that finds rows and one
+// that finds none.
+type readPacer struct {
+	interval  time.Duration
+	holdUntil time.Time
+}
+
+// wait returns how long the next read must wait at now.
+func (p *readPacer) wait(now time.Time) time.Duration { return p.holdUntil.Sub(now) }
+
+// read records a read that started at started and found n rows; full: it
+// filled its batch; pending: rows wait behind an older open transaction.
+func (p *readPacer) read(started time.Time, n int, full, pending bool) {
+	p.holdUntil = time.Time{}
+	if !full && (n > 0 || pending) {
+		p.holdUntil = started.Add(p.interval)
 	}
 }
 

@@ -73,6 +73,7 @@ func TestRun(t *testing.T) {
 			{GroupWake, figWakeOff, "relay/watermill"},
 			{GroupWake, figWakeOn, "relay/watermill"},
 			{GroupWake, figWakeNotify, "relay/watermill"},
+			{GroupWake, figWakePoll, "relay/watermill"},
 		}
 		for _, w := range want {
 			f, ok := report.find(w.group, w.name, w.variant)

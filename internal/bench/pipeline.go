@@ -35,6 +35,7 @@ const (
 	figWakeOff    = "commit with relay running, no wake-up"
 	figWakeOn     = "commit with relay running, in-process wake-up"
 	figWakeNotify = "commit with relay running, NOTIFY wake-up"
+	figWakePoll   = "commit with relay running, no wake-up, 1 ms poll"
 )
 
 func figDrain(backlog int) string {
@@ -159,7 +160,7 @@ func (r *runner) drainOnce(ctx context.Context, v variant, template string) (dra
 	}
 	defer ch.Close()
 
-	rel, err := v.build(db, objs.exchange, "")
+	rel, err := v.build(db, objs.exchange, buildOptions{})
 	if err != nil {
 		return drainResult{}, &buildError{err}
 	}
@@ -281,7 +282,7 @@ func (r *runner) setUp(ctx context.Context, v variant) (p *pipeline, err error) 
 		return p, err
 	}
 	p.onClose(closeDB(p.relayDB))
-	rel, err := v.build(p.relayDB, p.names.Exchange(), "")
+	rel, err := v.build(p.relayDB, p.names.Exchange(), buildOptions{})
 	if err != nil {
 		return p, &buildError{err}
 	}
@@ -599,17 +600,26 @@ const (
 	wakeNone      = "none"
 	wakeInProcess = "in-process"
 	wakeNotify    = "notify"
+	// wakePoll polls every wakePollInterval without a wake-up: the control
+	// arm, in which the relay, as when it is woken, forwards commits as they
+	// stream in rather than once a poll interval, without any signal.
+	wakePoll = "1 ms poll"
 )
+
+// wakePollInterval is the poll interval of the wakePoll arm: the outboxmill
+// relay's default ReadInterval, the least time between two of its reads.
+const wakePollInterval = time.Millisecond
 
 // measureWake measures, for each relay kind, the producers' commit rate
 // (Producers writers flat out) while the relay runs: without a wake-up, with
-// the in-process RelayWakeUp hook called after each commit, and with a
+// the in-process RelayWakeUp hook called after each commit, with a
 // coalesced PostgreSQL notification sent after each commit
-// (relay.Notifier, which a relay in another process listens for). Each arm
-// and repetition gets an emptied outbox; the arms alternate.
+// (relay.Notifier, which a relay in another process listens for), and,
+// as the control of the two wake-ups, without a wake-up but polling every
+// 1 ms. Each arm and repetition gets an emptied outbox; the arms alternate.
 func (r *runner) measureWake(ctx context.Context, vs []variant) error {
 	arms := []struct{ mode, fig string }{
-		{wakeNone, figWakeOff}, {wakeInProcess, figWakeOn}, {wakeNotify, figWakeNotify},
+		{wakeNone, figWakeOff}, {wakeInProcess, figWakeOn}, {wakeNotify, figWakeNotify}, {wakePoll, figWakePoll},
 	}
 	for _, v := range vs {
 		if v.kind == "" {
@@ -635,7 +645,7 @@ func (r *runner) measureWake(ctx context.Context, vs []variant) error {
 				r.progress("wake   %-24s rep %d, wake-up %-10s: %.0f commits/s", v.label, rep+1, arm.mode, rate)
 			}
 		}
-		if len(samples[wakeNotify]) < r.cfg.Reps {
+		if len(samples[wakePoll]) < r.cfg.Reps {
 			continue
 		}
 		for _, arm := range arms {
@@ -665,11 +675,14 @@ func (r *runner) wakeOnce(ctx context.Context, v variant, mode string) (float64,
 		return 0, err
 	}
 	defer relayDB.Close()
-	notifyChannel := ""
-	if mode == wakeNotify {
-		notifyChannel = relay.DefaultNotifyChannel
+	var opts buildOptions
+	switch mode {
+	case wakeNotify:
+		opts.notifyChannel = relay.DefaultNotifyChannel
+	case wakePoll:
+		opts.pollInterval = wakePollInterval
 	}
-	rel, err := v.build(relayDB, objs.exchange, notifyChannel)
+	rel, err := v.build(relayDB, objs.exchange, opts)
 	if err != nil {
 		return 0, &buildError{err}
 	}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -48,9 +49,18 @@ type variant struct {
 	// kind is the relay.New kind, or empty for a forwarder built here.
 	kind string
 	// build returns the variant's relay over the outbox in db, publishing
-	// to exchange and, when notifyChannel is not empty and the relay can,
-	// listening for wake-up notifications on it. Nil for naive variants.
-	build func(db *sqlx.DB, exchange, notifyChannel string) (relay.Relay, error)
+	// to exchange, set up as o says. Nil for naive variants.
+	build func(db *sqlx.DB, exchange string, o buildOptions) (relay.Relay, error)
+}
+
+// buildOptions are what a measurement changes in a relay.
+type buildOptions struct {
+	// notifyChannel, when not empty, is the channel on which the relay, if
+	// it can, listens for wake-up notifications.
+	notifyChannel string
+	// pollInterval, when not zero, replaces Config.RelayPollInterval
+	// (relay kinds only).
+	pollInterval time.Duration
 }
 
 // variants returns the pipelines cfg asks for: the baselines, then the
@@ -71,7 +81,7 @@ func variants(cfg Config) []variant {
 			label: "Watermill stock",
 			description: "Watermill forwarder with library defaults: watermill-sql subscriber (1 s poll, batches of 100), " +
 				"watermill-amqp publisher without confirms and without channel pool (a channel per publish)",
-			build: func(db *sqlx.DB, exchange, notifyChannel string) (relay.Relay, error) {
+			build: func(db *sqlx.DB, exchange string, o buildOptions) (relay.Relay, error) {
 				pub := rabbitmq.PublisherConfig(cfg.AMQPURL, exchange)
 				pub.Publish.ConfirmDelivery = false
 				pub.Publish.ChannelPoolSize = 0
@@ -88,7 +98,7 @@ func variants(cfg Config) []variant {
 			label: "Watermill tuned",
 			description: fmt.Sprintf("Watermill forwarder with the best safe settings found: publisher confirms on, "+
 				"channel pool of %d, %s poll, select batches of %d", cfg.TunedChannelPool, cfg.TunedPollInterval, cfg.TunedBatchSize),
-			build: func(db *sqlx.DB, exchange, notifyChannel string) (relay.Relay, error) {
+			build: func(db *sqlx.DB, exchange string, o buildOptions) (relay.Relay, error) {
 				pub := rabbitmq.PublisherConfig(cfg.AMQPURL, exchange)
 				pub.Publish.ConfirmDelivery = true
 				pub.Publish.ChannelPoolSize = cfg.TunedChannelPool
@@ -106,13 +116,13 @@ func variants(cfg Config) []variant {
 			label:       "relay " + kind,
 			description: fmt.Sprintf("relay.New(db, %q, cfg), poll interval %s, woken by RelayWakeUp after each commit", kind, pollText(cfg.RelayPollInterval)),
 			kind:        kind,
-			build: func(db *sqlx.DB, exchange, notifyChannel string) (relay.Relay, error) {
+			build: func(db *sqlx.DB, exchange string, o buildOptions) (relay.Relay, error) {
 				return relay.New(db, kind, relay.Config{
 					Outbox:        outbox.DefaultConfig(),
 					AMQPURL:       cfg.AMQPURL,
 					Exchange:      exchange,
-					PollInterval:  cfg.RelayPollInterval,
-					NotifyChannel: notifyChannel,
+					PollInterval:  cmp.Or(o.pollInterval, cfg.RelayPollInterval),
+					NotifyChannel: o.notifyChannel,
 					Logger:        cfg.Logger,
 				})
 			},

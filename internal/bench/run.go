@@ -209,6 +209,10 @@ func (r *runner) finish() {
 				ref, ok := rep.find(GroupWake, figWakeOff, f.Variant)
 				addRatio(f, "limit", "no wake-up", ref, ok)
 			}
+			if f.Name == figWakeOn || f.Name == figWakeNotify {
+				ref, ok := rep.find(GroupWake, figWakePoll, f.Variant)
+				addRatio(f, "limit", "1 ms poll", ref, ok)
+			}
 		}
 		if f.Variant != BaselineStock && f.Variant != "" && f.Group != GroupWake {
 			ref, ok := rep.findLoad(f.Group, f.Name, BaselineStock, f.Load)

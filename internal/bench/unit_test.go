@@ -99,6 +99,7 @@ func TestRunner_finish(t *testing.T) {
 	fig(GroupIdle, figIdle, "relay/outboxmill", 0, 2)
 	fig(GroupWake, figWakeOff, "relay/outboxmill", 0, 3000)
 	fig(GroupWake, figWakeOn, "relay/outboxmill", 0, 2700)
+	fig(GroupWake, figWakePoll, "relay/outboxmill", 0, 2400)
 	r.report.Integrity = []Integrity{{Variant: "relay/outboxmill", Committed: 3, Handled: 3}}
 
 	r.finish()
@@ -137,7 +138,9 @@ func TestRunner_finish(t *testing.T) {
 		{"p50 against stock at the same load", GroupLatency, figP50, "relay/outboxmill", 200, "stock", 0.01},
 		{"idle against stock", GroupIdle, figIdle, "relay/outboxmill", 0, "stock", 2},
 		{"no wake-up against the commit limit", GroupWake, figWakeOff, "relay/outboxmill", 0, "limit", 0.75},
-		{"wake-up against no wake-up", GroupWake, figWakeOn, "relay/outboxmill", 0, "limit", 0.9},
+		{"wake-up against no wake-up", GroupWake, figWakeOn, "relay/outboxmill", 0, "limit:no wake-up", 0.9},
+		{"wake-up against the 1 ms poll", GroupWake, figWakeOn, "relay/outboxmill", 0, "limit:1 ms poll", 1.125},
+		{"1 ms poll against no wake-up", GroupWake, figWakePoll, "relay/outboxmill", 0, "limit:no wake-up", 0.8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := ratio(tc.group, tc.fig, tc.variant, tc.load, tc.kind); math.Abs(got-tc.want) > 1e-9 {
