@@ -16,11 +16,19 @@ import (
 // services enable notifications.
 const DefaultNotifyChannel = "outboxmill_outbox"
 
+// NotifyInterval is the least time between the starts of two notifications
+// of one Notifier. A relay reads at most once a ReadInterval (1 ms by
+// default) while commits stream in, so faster notifications would wake it
+// for nothing, and each one is a transaction of its own, which takes a
+// transaction id and is serialised with every other notifying commit.
+const NotifyInterval = time.Millisecond
+
 // Notifier wakes relays in other processes after a producer's commit. It
 // implements app.CommitListener: EventsCommitted never blocks and never runs
 // inside the business transaction (PostgreSQL serialises the commits of
 // transactions that notify). Notifications are coalesced: at most one is in
-// flight, and the commits that happen meanwhile are covered by one more.
+// flight, they start at least NotifyInterval apart, and the commits that
+// happen meanwhile are covered by one more.
 type Notifier struct {
 	db      *sqlx.DB
 	channel string
@@ -53,6 +61,7 @@ func (n *Notifier) EventsCommitted() {
 
 func (n *Notifier) send() {
 	for {
+		started := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, err := n.db.ExecContext(ctx, `SELECT pg_notify($1, '')`, n.channel)
 		cancel()
@@ -60,6 +69,8 @@ func (n *Notifier) send() {
 			// A missed notification only delays delivery to the next poll.
 			n.logger.Debug("relay notification failed", "err", err)
 		}
+		// Still in flight: commits until the next start are covered by it.
+		time.Sleep(time.Until(started.Add(NotifyInterval)))
 		n.mu.Lock()
 		if !n.pending {
 			n.inFlight = false

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5"
 	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -523,6 +525,62 @@ func TestOutboxmill_WakeAndNotifyDeliverWithoutPolling(t *testing.T) {
 			t.Fatalf("got %+v, want %s", got, ev.ID)
 		}
 	})
+}
+
+func TestNotifier_EventsCommitted(t *testing.T) {
+	t.Parallel()
+	db := testdb.New(t)
+	channel := stack.UniqueName("notify_")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	listener, err := pgx.Connect(ctx, db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(context.Background())
+	if _, err := listener.Exec(ctx, `LISTEN `+pgx.Identifier{channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	n := relay.NewNotifier(db.DB, channel, nil)
+
+	// Commits streaming in for 50 ms: coalesced, notifications at least
+	// NotifyInterval apart, and one that starts after the last commit.
+	start := time.Now()
+	commits := 0
+	for time.Since(start) < 50*time.Millisecond {
+		n.EventsCommitted()
+		commits++
+		runtime.Gosched()
+	}
+	lastCommit := time.Now()
+	var got int
+	var lastReceived time.Time
+	for {
+		waitCtx, stop := context.WithTimeout(ctx, 200*time.Millisecond)
+		_, err := listener.WaitForNotification(waitCtx)
+		stop()
+		if err != nil {
+			if ctx.Err() != nil {
+				t.Fatal(ctx.Err())
+			}
+			break // no notification for 200 ms: the burst is over
+		}
+		got++
+		lastReceived = time.Now()
+	}
+	if got == 0 {
+		t.Fatalf("no notification for %d commits", commits)
+	}
+	if !lastReceived.After(lastCommit) {
+		t.Errorf("the last notification arrived before the last commit")
+	}
+	// At most one per interval from the first send to the last receipt.
+	if most := int(lastReceived.Sub(start)/relay.NotifyInterval) + 1; got > most {
+		t.Errorf("%d notifications in %s, want at most %d (one per %s)", got, lastReceived.Sub(start), most, relay.NotifyInterval)
+	}
+	if got >= commits {
+		t.Errorf("%d commits made %d notifications: not coalesced", commits, got)
+	}
 }
 
 type countingMetrics struct {
