@@ -248,8 +248,8 @@ func (d Dedup) PipelineBatch(ctx context.Context, msgs []*message.Message, state
 	// Sorted, as in ProcessBatch.
 	tx.Exec("insert processed_events markers", `INSERT INTO `+d.table()+` (event_id, handler)
 		SELECT id, $2 FROM unnest($1::text[]) AS id ORDER BY id`, ids, d.Handler)
-	for i, st := range stmts {
-		tx.Exec(fmt.Sprintf("statement %d of the batch", i+1), st.SQL, st.Args...)
+	for _, st := range stmts {
+		tx.Exec("", st.SQL, st.Args...)
 	}
 	err = tx.Commit(ctx, d.DB)
 	var pgErr *pgconn.PgError

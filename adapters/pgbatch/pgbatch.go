@@ -55,16 +55,17 @@ type statement struct {
 }
 
 // Exec queues a statement. label names it in the error Commit returns if the
-// statement fails, as in "insert order 42".
+// statement fails, as in "insert order 42"; an empty label names it by the
+// first words of query.
 func (t *Tx) Exec(label, query string, args ...any) {
 	t.statements = append(t.statements, statement{label: label, query: query, args: args})
 }
 
-// ExecContext queues a statement, labelled by its first words. It implements
+// ExecContext queues a statement without a label. It implements
 // watermill-sql's ContextExecutor; the result's RowsAffected returns
 // ErrNotRun.
 func (t *Tx) ExecContext(_ context.Context, query string, args ...any) (wmsql.Result, error) {
-	t.Exec(firstWords(query, 4), query, args...)
+	t.Exec("", query, args...)
 	return queued{}, nil
 }
 
@@ -118,7 +119,7 @@ func (t *Tx) send(ctx context.Context, db *sqlx.DB) error {
 		var first error
 		for _, st := range t.statements {
 			if _, err := results.Exec(); err != nil && first == nil {
-				first = fmt.Errorf("%s: %w", st.label, err)
+				first = fmt.Errorf("%s: %w", st.name(), err)
 			}
 		}
 		if err := results.Close(); err != nil && first == nil {
@@ -133,6 +134,14 @@ func (t *Tx) send(ctx context.Context, db *sqlx.DB) error {
 func Supported(db *sqlx.DB) bool {
 	_, ok := db.Driver().(*stdlib.Driver)
 	return ok
+}
+
+// name returns the statement's label, or the first words of its query.
+func (st statement) name() string {
+	if st.label != "" {
+		return st.label
+	}
+	return firstWords(st.query, 4)
 }
 
 // queued is the result of a statement that has not run yet.

@@ -3,6 +3,7 @@ package pgbatch_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -29,6 +30,16 @@ func newTable(t *testing.T) *testdb.DB {
 }
 
 const insertItem = `INSERT INTO items (id, xid) VALUES ($1, pg_current_xact_id())`
+
+// commitItems commits one insert per id, labelled "insert item <id>", in
+// one Tx.
+func commitItems(ctx context.Context, db *testdb.DB, ids ...int) error {
+	var tx pgbatch.Tx
+	for _, id := range ids {
+		tx.Exec(fmt.Sprintf("insert item %d", id), insertItem, id)
+	}
+	return tx.Commit(ctx, db.DB)
+}
 
 func TestTx_Commit(t *testing.T) {
 	t.Parallel()
@@ -64,36 +75,42 @@ func TestTx_Commit(t *testing.T) {
 	t.Run("a failing statement undoes the others", func(t *testing.T) {
 		t.Parallel()
 		db := newTable(t)
-		var tx pgbatch.Tx
-		tx.Exec("insert item 1", insertItem, 1)
-		tx.Exec("insert item 2", insertItem, 2)
-		tx.Exec("insert item 1 again", insertItem, 1)
-		tx.Exec("insert item 3", insertItem, 3)
-		err := tx.Commit(ctx, db.DB)
+		err := commitItems(ctx, db, 1, 2, 1, 3)
 		var pgErr *pgconn.PgError
 		if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
 			t.Fatalf("got %v, want a unique violation", err)
 		}
-		if !strings.HasPrefix(err.Error(), "insert item 1 again: ") {
+		if !strings.HasPrefix(err.Error(), "insert item 1: ") {
 			t.Errorf("error %q does not name the failing statement first", err)
 		}
 		if n := db.Count(t, `SELECT count(*) FROM items`); n != 0 {
 			t.Errorf("%d rows stored by a failed transaction, want none", n)
 		}
 		// The connection is clean for the next transaction.
-		var next pgbatch.Tx
-		next.Exec("insert item 1", insertItem, 1)
-		if err := next.Commit(ctx, db.DB); err != nil {
+		if err := commitItems(ctx, db, 1); err != nil {
 			t.Fatalf("the next transaction: %v", err)
+		}
+	})
+
+	t.Run("a statement without a label is named by its first words", func(t *testing.T) {
+		t.Parallel()
+		db := newTable(t)
+		var tx pgbatch.Tx
+		for range 2 {
+			if _, err := tx.ExecContext(ctx, insertItem, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		err := tx.Commit(ctx, db.DB)
+		if want := "INSERT INTO items (id, ...: "; err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("got %v, want an error starting %q", err, want)
 		}
 	})
 
 	t.Run("a terminated connection leaves the pool usable", func(t *testing.T) {
 		t.Parallel()
 		db := newTable(t)
-		var first pgbatch.Tx
-		first.Exec("insert item 1", insertItem, 1)
-		if err := first.Commit(ctx, db.DB); err != nil {
+		if err := commitItems(ctx, db, 1); err != nil {
 			t.Fatal(err)
 		}
 		// The pooled connection's backend goes away under it.
@@ -101,6 +118,7 @@ func TestTx_Commit(t *testing.T) {
 		if _, err := admin.ExecContext(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, db.Name); err != nil {
 			t.Fatal(err)
 		}
+		// A Tx that failed is committed again, on a fresh connection.
 		var second pgbatch.Tx
 		second.Exec("insert item 2", insertItem, 2)
 		second.Exec("insert item 3", insertItem, 3)

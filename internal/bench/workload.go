@@ -125,7 +125,7 @@ type tracker struct {
 	mu          sync.Mutex
 	committed   map[string]time.Time
 	handled     map[string]time.Time
-	stages      map[trace.Stage]map[string]time.Time // while recording stages
+	stages      map[trace.Stage]map[string]time.Time // marks while a recorder is installed
 	dueAt       map[string]time.Time                 // when a paced commit was due
 	redelivered int
 	nCommitted  atomic.Int64
@@ -136,7 +136,10 @@ type tracker struct {
 }
 
 func newTracker() *tracker {
-	return &tracker{committed: map[string]time.Time{}, handled: map[string]time.Time{}, dueAt: map[string]time.Time{}}
+	return &tracker{
+		committed: map[string]time.Time{}, handled: map[string]time.Time{}, dueAt: map[string]time.Time{},
+		stages: map[trace.Stage]map[string]time.Time{},
+	}
 }
 
 // commit records that eventID's transaction committed at.
@@ -173,9 +176,6 @@ func (t *tracker) handle(eventID string, at time.Time) {
 func (t *tracker) Mark(stage trace.Stage, eventID string, at time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.stages == nil {
-		t.stages = map[trace.Stage]map[string]time.Time{}
-	}
 	m := t.stages[stage]
 	if m == nil {
 		m = map[string]time.Time{}
@@ -187,9 +187,9 @@ func (t *tracker) Mark(stage trace.Stage, eventID string, at time.Time) {
 }
 
 // stageDelays returns, for each step between two stages that ids passed,
-// how long each of them took, in the order of the pipeline, from the time
-// their commit was due. A stage no event
-// passed (no relay, or a consumer that does not report it) is left out.
+// in the order of the pipeline from the time their commit was due, how long
+// each of them took. A stage no event passed (no relay, or a consumer that
+// does not report it) is left out.
 func (t *tracker) stageDelays(ids []string) []stageDelay {
 	t.mu.Lock()
 	defer t.mu.Unlock()
