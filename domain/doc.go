@@ -1,10 +1,11 @@
-// Package domain holds Outboxmill's sample aggregates and the events they
-// raise. It depends on the standard library only.
+// Package domain is Outboxmill's vocabulary for domain events, on the
+// standard library alone: Event (what an aggregate raises), NewEventID, the
+// event Registry (which Go type carries the payload of each event type and
+// schema version, and how older versions are upcast), and the errors every
+// aggregate may return (ValidationError, TransitionError).
 //
-// Behaviour methods (Order.Pay, Order.Cancel) change the aggregate and return
-// the events they raise; the caller persists the aggregate and its events in
-// one transaction. An Event carries everything a consumer needs: a UUID made
-// once when it is raised, its type and schema version, the aggregate it belongs
-// to and that aggregate's version, when it occurred, and a self-contained
-// payload.
+// Modules keep their aggregates in subpackages named after the module
+// (domain/orders, domain/settlement): behaviour methods change the
+// aggregate and return the events they raise, and the module declares those
+// events' types for the registry.
 package domain

@@ -3,6 +3,7 @@ package middleware
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // permanentError marks an error that retrying cannot cure.
@@ -24,7 +25,8 @@ func Permanent(err error) error {
 // IsPermanent reports whether err, or an error it wraps, was marked Permanent.
 func IsPermanent(err error) bool {
 	var p *permanentError
-	return errors.As(err, &p)
+	var h *HoldError
+	return errors.As(err, &p) || errors.As(err, &h)
 }
 
 // AttemptsError reports that a handler failed on every attempt Retry made.
@@ -52,3 +54,22 @@ func attempts(err error) int {
 	}
 	return 1
 }
+
+// HoldError marks the error of a message that must wait for an earlier one
+// (an aggregate version whose predecessor has not been handled yet). SetAside
+// stores such a message at once, with its aggregate and the time until
+// which it is held, instead of retrying it in place; the consumer applies it
+// as soon as its predecessor is handled, and after HeldUntil it stays set
+// aside for an operator. Retry does not retry it.
+type HoldError struct {
+	// AggregateType, AggregateID and AggregateVersion identify the event.
+	AggregateType, AggregateID string
+	AggregateVersion           int
+	// HeldUntil bounds the hold.
+	HeldUntil time.Time
+	// Err says why it waits, for example "gap: expected version 2, got 3".
+	Err error
+}
+
+func (e *HoldError) Error() string { return e.Err.Error() }
+func (e *HoldError) Unwrap() error { return e.Err }

@@ -20,6 +20,16 @@ type SetAsideMessage struct {
 	Reason    string
 	Attempts  int
 	At        time.Time
+	// Hold, when not nil, says the message is held back for its aggregate's
+	// previous version (see HoldError).
+	Hold *Hold
+}
+
+// Hold is what a held message waits for.
+type Hold struct {
+	AggregateType, AggregateID string
+	AggregateVersion           int
+	Until                      time.Time
 }
 
 // SetAsideStore keeps set-aside messages until an operator replays or
@@ -87,11 +97,21 @@ func (s SetAside) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			Attempts:  attempts(err),
 			At:        time.Now().UTC(),
 		}
+		var hold *HoldError
+		if errors.As(err, &hold) {
+			m.Hold = &Hold{AggregateType: hold.AggregateType, AggregateID: hold.AggregateID,
+				AggregateVersion: hold.AggregateVersion, Until: hold.HeldUntil}
+		}
 		if storeErr := s.Store.SetAside(msg.Context(), m); storeErr != nil {
 			return nil, errors.Join(err, fmt.Errorf("set message %s aside: %w", msg.UUID, storeErr))
 		}
-		logger.Warn("message set aside",
-			"handler", s.Handler, "message_id", msg.UUID, "attempts", m.Attempts, "reason", m.Reason)
+		if m.Hold != nil {
+			logger.Info("message held back",
+				"handler", s.Handler, "message_id", msg.UUID, "aggregate_id", m.Hold.AggregateID, "until", m.Hold.Until, "reason", m.Reason)
+		} else {
+			logger.Warn("message set aside",
+				"handler", s.Handler, "message_id", msg.UUID, "attempts", m.Attempts, "reason", m.Reason)
+		}
 		if s.OnSetAside != nil {
 			s.OnSetAside(m)
 		}

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxmill/outboxmill/internal/testdb"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
@@ -32,7 +34,7 @@ func outboxBacklog(t *testing.T, url string) int {
 		return -1
 	}
 	defer db.Close()
-	st, err := outbox.Inspect(context.Background(), db, outbox.DefaultConfig(), relay.DefaultConsumerGroup, time.Hour)
+	st, err := outbox.Inspect(context.Background(), db, testdb.Outbox, relay.DefaultConsumerGroup, time.Hour)
 	if err != nil {
 		return -1
 	}

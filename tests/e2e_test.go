@@ -9,13 +9,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxmill/outboxmill/domain/orders"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/internal/stack"
-	"github.com/outboxmill/outboxmill/services"
+	"github.com/outboxmill/outboxmill/module"
 )
 
 var fastRelay = []string{"-relay-poll-interval", "50ms"}
@@ -124,8 +126,8 @@ func publishRaw(t *testing.T, s *stack.Stack, routeBy, messageID string, body []
 	if messageID != "" {
 		headers["_watermill_message_uuid"] = messageID
 	}
-	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, services.Names{Namespace: s.Namespace}.Exchange(),
-		outbox.RoutingKey(domain.EventOrderPaid, routeBy), true, false, amqp.Publishing{Body: body, Headers: headers, DeliveryMode: amqp.Persistent})
+	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, module.Names{Namespace: s.Namespace}.Exchange(),
+		outbox.RoutingKey(orders.EventOrderPaid, routeBy), true, false, amqp.Publishing{Body: body, Headers: headers, DeliveryMode: amqp.Persistent})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,10 @@ const (
 	ResultFailed = "failed"
 	// ResultSetAside: the message was set aside after its last attempt.
 	ResultSetAside = "set_aside"
+	// ResultHeld: the event was held back for its aggregate's previous
+	// version (a gap); it is applied when that version is, or stays set
+	// aside.
+	ResultHeld = "held"
 )
 
 // Consumer counts what consumer handlers do with their messages.
@@ -40,7 +44,7 @@ type Consumer struct {
 func NewConsumer(reg prometheus.Registerer) (*Consumer, error) {
 	results, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: "consumer", Name: "messages_total",
-		Help: "Messages a handler finished, by result: processed, duplicate, failed (nacked for redelivery), set_aside.",
+		Help: "Messages a handler finished, by result: processed, duplicate, failed (nacked for redelivery), set_aside, held (waiting for its aggregate's previous version).",
 	}, []string{"handler", "result"}))
 	if err != nil {
 		return nil, err
@@ -79,6 +83,7 @@ func (c *Consumer) Handler(name string) *Handler {
 		duplicate: c.results.WithLabelValues(name, ResultDuplicate),
 		failed:    c.results.WithLabelValues(name, ResultFailed),
 		setAside:  c.results.WithLabelValues(name, ResultSetAside),
+		held:      c.results.WithLabelValues(name, ResultHeld),
 		retries:   c.retries.WithLabelValues(name),
 		lag:       c.lag.WithLabelValues(name),
 		batches:   c.batches.WithLabelValues(name),
@@ -91,10 +96,10 @@ func (c *Consumer) Handler(name string) *Handler {
 //	middleware.Observe(h.Finished)
 //	middleware.SetAside{OnSetAside: h.SetAside}
 //	middleware.Retry{OnRetry: h.Retried}
-//	middleware.Dedup{OnDuplicate: h.Duplicate, OnProcessed: h.Processed}
+//	postgres.Dedup{OnDuplicate: h.Duplicate, OnProcessed: h.Processed}
 //	rabbitmq.BatchConsumer{OnBatch: h.Batched}
 type Handler struct {
-	processed, duplicate, failed, setAside, retries prometheus.Counter
+	processed, duplicate, failed, setAside, held, retries prometheus.Counter
 	lag, batches                                    prometheus.Observer
 }
 
@@ -112,6 +117,9 @@ func (h *Handler) Duplicate(*message.Message) { h.duplicate.Inc() }
 
 // SetAside counts a message set aside.
 func (h *Handler) SetAside(middleware.SetAsideMessage) { h.setAside.Inc() }
+
+// Held counts an event held back for its predecessor.
+func (h *Handler) Held() { h.held.Inc() }
 
 // Retried counts a failed attempt that is retried.
 func (h *Handler) Retried(*message.Message, int, error) { h.retries.Inc() }

@@ -84,10 +84,10 @@ func TestTables_Collect(t *testing.T) {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(&metrics.Tables{
-		DB: db.DB, Outboxes: []outbox.Config{outbox.DefaultConfig()}, StuckAfter: 5 * time.Minute,
+		DB: db.DB, Outboxes: []outbox.Config{testdb.Outbox}, StuckAfter: 5 * time.Minute,
 		Handlers: []string{"h1", "h2"}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
-	box := map[string]string{"outbox": outbox.DefaultConfig().Topic}
+	box := map[string]string{"outbox": testdb.Outbox.Topic}
 	if v := mustValue(t, reg, "outboxmill_outbox_backlog", box); v != 3 {
 		t.Errorf("backlog = %v, want 3", v)
 	}
@@ -129,7 +129,7 @@ func TestTables_Collect(t *testing.T) {
 		}
 		_ = closed.Close()
 		reg := prometheus.NewRegistry()
-		reg.MustRegister(&metrics.Tables{DB: closed, Outboxes: []outbox.Config{outbox.DefaultConfig()}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		reg.MustRegister(&metrics.Tables{DB: closed, Outboxes: []outbox.Config{testdb.Outbox}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if v := mustValue(t, reg, "outboxmill_db_up", nil); v != 0 {
 			t.Errorf("db_up = %v, want 0", v)
 		}

@@ -12,9 +12,10 @@ var _ relay.Metrics = (*Relay)(nil)
 
 // Relay counts what a relay publishes: it implements relay.Metrics.
 type Relay struct {
-	published prometheus.Counter
-	failures  prometheus.Counter
-	latency   prometheus.Observer
+	published  prometheus.Counter
+	failures   prometheus.Counter
+	unroutable prometheus.Counter
+	latency    prometheus.Observer
 }
 
 // NewRelay returns the metrics of the relay of outbox outboxTopic, registered
@@ -23,6 +24,7 @@ type Relay struct {
 //	outboxmill_relay_published_total{outbox}           counter
 //	outboxmill_relay_publish_failures_total{outbox}    counter
 //	outboxmill_relay_publish_latency_seconds{outbox}   histogram
+//	outboxmill_relay_unroutable_total{outbox}          counter
 func NewRelay(reg prometheus.Registerer, outboxTopic string) (*Relay, error) {
 	published, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: "relay", Name: "published_total",
@@ -46,10 +48,18 @@ func NewRelay(reg prometheus.Registerer, outboxTopic string) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	unroutable, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "relay", Name: "unroutable_total",
+		Help: "Publishes of events no queue of the topology is bound to; the broker's alternate exchange keeps them in the unroutable queue.",
+	}, []string{"outbox"}))
+	if err != nil {
+		return nil, err
+	}
 	return &Relay{
-		published: published.WithLabelValues(outboxTopic),
-		failures:  failures.WithLabelValues(outboxTopic),
-		latency:   latency.WithLabelValues(outboxTopic),
+		published:  published.WithLabelValues(outboxTopic),
+		failures:   failures.WithLabelValues(outboxTopic),
+		unroutable: unroutable.WithLabelValues(outboxTopic),
+		latency:    latency.WithLabelValues(outboxTopic),
 	}, nil
 }
 
@@ -61,3 +71,6 @@ func (r *Relay) Published(n int, latency time.Duration) {
 
 // PublishFailed implements relay.Metrics.
 func (r *Relay) PublishFailed(error) { r.failures.Inc() }
+
+// Unroutable counts a publish of an event no queue is bound to.
+func (r *Relay) Unroutable() { r.unroutable.Inc() }

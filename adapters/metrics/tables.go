@@ -28,10 +28,14 @@ import (
 // The outbox gauges are reported for each of Outboxes, the set-aside
 // messages for each of Handlers (and any other handler found in the table).
 type Tables struct {
-	// DB is the service's database. Required.
+	// DB is the service's database. Required unless Databases is set.
 	DB *sqlx.DB
 	// Outboxes are the outboxes in DB to describe (a producer's).
 	Outboxes []outbox.Config
+	// Databases are further databases of the process, each with its own
+	// outboxes and handlers (a process running several modules). The
+	// server-wide gauges are read from the first database.
+	Databases []Database
 	// ConsumerGroup is the relay group whose position counts as
 	// forwarded; default relay.DefaultConsumerGroup.
 	ConsumerGroup string
@@ -45,6 +49,13 @@ type Tables struct {
 	Timeout time.Duration
 	// Logger receives query errors; default slog.Default().
 	Logger *slog.Logger
+}
+
+// Database is one database a Tables collector reads.
+type Database struct {
+	DB       *sqlx.DB
+	Outboxes []outbox.Config
+	Handlers []string
 }
 
 var (
@@ -104,8 +115,28 @@ func (t *Tables) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 
-	for _, box := range t.Outboxes {
-		st, err := outbox.Inspect(ctx, t.DB, box, t.ConsumerGroup, t.StuckAfter)
+	dbs := t.Databases
+	if t.DB != nil {
+		dbs = append([]Database{{DB: t.DB, Outboxes: t.Outboxes, Handlers: t.Handlers}}, dbs...)
+	}
+	for _, d := range dbs {
+		t.collect(ctx, d, gauge, fail)
+	}
+	if len(dbs) > 0 {
+		if oldest, writing, err := postgres.OldestTransactions(ctx, dbs[0].DB); err != nil {
+			fail("open transactions", err)
+		} else {
+			gauge(descOldestXact, age(oldest))
+			gauge(descOldestWritingXact, age(writing))
+		}
+	}
+	gauge(descUp, up)
+}
+
+// collect reports the gauges of one database.
+func (t *Tables) collect(ctx context.Context, d Database, gauge func(*prometheus.Desc, float64, ...string), fail func(string, error)) {
+	for _, box := range d.Outboxes {
+		st, err := outbox.Inspect(ctx, d.DB, box, t.ConsumerGroup, t.StuckAfter)
 		if err != nil {
 			fail("outbox", err)
 			continue
@@ -114,20 +145,20 @@ func (t *Tables) Collect(ch chan<- prometheus.Metric) {
 		gauge(descOldestAge, st.OldestUnforwardedAge.Seconds(), box.Topic)
 		gauge(descStuck, float64(st.Stuck), box.Topic)
 	}
-	if len(t.Outboxes) > 0 {
-		if counts, err := relay.CountSetAside(ctx, t.DB); err != nil {
+	if len(d.Outboxes) > 0 {
+		if counts, err := relay.CountSetAside(ctx, d.DB); err != nil {
 			fail("set-aside outbox rows", err)
 		} else {
-			for _, box := range t.Outboxes {
+			for _, box := range d.Outboxes {
 				gauge(descOutboxSetAside, float64(counts[box.Topic]), box.Topic)
 			}
 		}
 	}
-	if len(t.Handlers) > 0 {
-		if counts, err := postgres.NewSetAsideStore(t.DB).Counts(ctx); err != nil {
+	if len(d.Handlers) > 0 {
+		if counts, err := postgres.NewSetAsideStore(d.DB).Counts(ctx); err != nil {
 			fail("set-aside messages", err)
 		} else {
-			for _, h := range t.Handlers {
+			for _, h := range d.Handlers {
 				if _, ok := counts[h]; !ok {
 					counts[h] = 0
 				}
@@ -137,13 +168,6 @@ func (t *Tables) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-	if oldest, writing, err := postgres.OldestTransactions(ctx, t.DB); err != nil {
-		fail("open transactions", err)
-	} else {
-		gauge(descOldestXact, age(oldest))
-		gauge(descOldestWritingXact, age(writing))
-	}
-	gauge(descUp, up)
 }
 
 func age(t *postgres.OpenTransaction) float64 {

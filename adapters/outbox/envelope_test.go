@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxmill/outboxmill/domain/orders"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
@@ -17,7 +19,7 @@ var testNow = time.Date(2024, 5, 17, 10, 30, 0, 123456789, time.UTC)
 // paidEvent returns a placed and paid order's OrderPaid event.
 func paidEvent(t *testing.T) domain.Event {
 	t.Helper()
-	order, _, err := domain.PlaceOrder(domain.NewEventID(), "c-42", 1250, "EUR", testNow)
+	order, _, err := orders.PlaceOrder(domain.NewEventID(), "c-42", 1250, "EUR", testNow)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,8 +41,8 @@ func TestEncode(t *testing.T) {
 		t.Errorf("message UUID %q, want the event id %q", msg.UUID, ev.ID)
 	}
 	for key, want := range map[string]string{
-		outbox.MetaEventType:        domain.EventOrderPaid,
-		outbox.MetaAggregateType:    domain.OrderAggregateType,
+		outbox.MetaEventType:        orders.EventOrderPaid,
+		outbox.MetaAggregateType:    orders.OrderAggregateType,
 		outbox.MetaAggregateID:      ev.AggregateID,
 		outbox.MetaAggregateVersion: "2",
 		outbox.MetaOccurredAt:       testNow.Format(time.RFC3339Nano),
@@ -82,11 +84,11 @@ func TestDecode(t *testing.T) {
 		if !equalEnvelopes(got, want) {
 			t.Errorf("decoded %+v, want %+v", got, want)
 		}
-		var payload domain.OrderPaidPayload
+		var payload orders.OrderPaidPayload
 		if err := outbox.DecodePayload(env, &payload); err != nil {
 			t.Fatal(err)
 		}
-		if payload != ev.Payload.(domain.OrderPaidPayload) {
+		if payload != ev.Payload.(orders.OrderPaidPayload) {
 			t.Errorf("payload %+v, want %+v", payload, ev.Payload)
 		}
 	})
@@ -153,7 +155,7 @@ func TestDecode(t *testing.T) {
 
 func TestDecodePayload(t *testing.T) {
 	t.Parallel()
-	env := outbox.Envelope{EventID: "e-1", EventType: domain.EventOrderPaid}
+	env := outbox.Envelope{EventID: "e-1", EventType: orders.EventOrderPaid}
 
 	for _, tc := range []struct {
 		name    string
@@ -167,7 +169,7 @@ func TestDecodePayload(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env.Payload = json.RawMessage(tc.payload)
-			var p domain.OrderPaidPayload
+			var p orders.OrderPaidPayload
 			err := outbox.DecodePayload(env, &p)
 			switch {
 			case tc.ok && err != nil:

@@ -17,7 +17,7 @@ func TestInspect(t *testing.T) {
 	db := testdb.NewServices(t)
 	ctx := context.Background()
 
-	st, err := outbox.Inspect(ctx, db, outbox.DefaultConfig(), "relay", time.Minute)
+	st, err := outbox.Inspect(ctx, db, testdb.Outbox, "relay", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func TestInspect(t *testing.T) {
 	ids := testdb.IDs(events)
 	db.Backdate(t, 10*time.Minute, ids[:3]...)
 	t.Run("relay never ran", func(t *testing.T) {
-		st, err := outbox.Inspect(ctx, db, outbox.DefaultConfig(), "relay", time.Minute)
+		st, err := outbox.Inspect(ctx, db, testdb.Outbox, "relay", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -42,14 +42,14 @@ func TestInspect(t *testing.T) {
 	})
 	t.Run("relay passed two rows", func(t *testing.T) {
 		db.SetRelayPosition(t, "relay", ids[1])
-		st, err := outbox.Inspect(ctx, db, outbox.DefaultConfig(), "relay", time.Minute)
+		st, err := outbox.Inspect(ctx, db, testdb.Outbox, "relay", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if st.Backlog != 3 || st.Stuck != 1 || st.Position == nil || len(st.Positions) != 1 {
 			t.Fatalf("status = %+v, want backlog 3, 1 stuck, a position", st)
 		}
-		stuck, err := outbox.StuckEvents(ctx, db, outbox.DefaultConfig(), "relay", time.Minute, 10)
+		stuck, err := outbox.StuckEvents(ctx, db, testdb.Outbox, "relay", time.Minute, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,7 +59,7 @@ func TestInspect(t *testing.T) {
 	})
 	t.Run("another group is not the relay", func(t *testing.T) {
 		db.SetRelayPosition(t, "other", ids[4])
-		st, err := outbox.Inspect(ctx, db, outbox.DefaultConfig(), "relay", time.Minute)
+		st, err := outbox.Inspect(ctx, db, testdb.Outbox, "relay", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +69,7 @@ func TestInspect(t *testing.T) {
 	})
 	t.Run("all forwarded", func(t *testing.T) {
 		db.SetRelayPosition(t, "relay", ids[4])
-		st, err := outbox.Inspect(ctx, db, outbox.DefaultConfig(), "relay", time.Minute)
+		st, err := outbox.Inspect(ctx, db, testdb.Outbox, "relay", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -86,7 +86,7 @@ func TestStuckMonitor_Check(t *testing.T) {
 	db.Backdate(t, time.Hour, ids[0])
 	var logs bytes.Buffer
 	m := outbox.StuckMonitor{
-		DB: db.DB, Outbox: outbox.DefaultConfig(), ConsumerGroup: "relay", After: 5 * time.Minute,
+		DB: db.DB, Outbox: testdb.Outbox, ConsumerGroup: "relay", After: 5 * time.Minute,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 	}
 	if err := m.Check(context.Background()); err != nil {

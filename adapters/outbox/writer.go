@@ -20,8 +20,9 @@ type Config struct {
 	Topic string
 }
 
-// DefaultConfig is the outbox of the orders service.
-func DefaultConfig() Config { return Config{Topic: "orders_outbox"} }
+// ForModule returns the outbox of the module named name: topic
+// "<name>_outbox" (a name made of a-z, 0-9 and _).
+func ForModule(name string) Config { return Config{Topic: name + "_outbox"} }
 
 // Validate checks the configuration.
 func (c Config) Validate() error {
@@ -54,19 +55,30 @@ func OffsetsAdapter() wmsql.DefaultPostgreSQLOffsetsAdapter {
 	return wmsql.DefaultPostgreSQLOffsetsAdapter{}
 }
 
-// Writer appends events to the outbox inside a caller's transaction.
+// Writer appends events to the outbox inside a caller's transaction, after
+// checking each against the event registry.
 type Writer struct {
-	config Config
-	logger watermill.LoggerAdapter
+	config   Config
+	registry *domain.Registry
+	logger   watermill.LoggerAdapter
 }
 
-// NewWriter returns a Writer for the outbox described by config.
-func NewWriter(config Config, logger watermill.LoggerAdapter) (*Writer, error) {
+// NewWriter returns a Writer for the outbox described by config. Every
+// event it writes must pass registry.Check: an unregistered type, an old
+// schema version or an invalid payload fails the write, and so the
+// caller's transaction.
+func NewWriter(config Config, registry *domain.Registry, logger watermill.LoggerAdapter) (*Writer, error) {
 	if err := config.Validate(); err != nil {
 		return nil, err
 	}
-	return &Writer{config: config, logger: logger}, nil
+	if registry == nil {
+		return nil, fmt.Errorf("outbox %s: no event registry", config.Topic)
+	}
+	return &Writer{config: config, registry: registry, logger: logger}, nil
 }
+
+// Config returns the writer's outbox.
+func (w *Writer) Config() Config { return w.config }
 
 // Write inserts events into the outbox through tx. They become visible to the
 // relay when tx commits and vanish if it rolls back.
@@ -89,6 +101,11 @@ func (w *Writer) WriteTo(ctx context.Context, exec wmsql.ContextExecutor, events
 		return fmt.Errorf("outbox publisher: %w", err)
 	}
 	enveloped := forwarder.NewPublisher(pub, forwarder.PublisherConfig{ForwarderTopic: w.config.Topic})
+	for _, ev := range events {
+		if err := w.registry.Check(ev); err != nil {
+			return fmt.Errorf("write to outbox %s: %w", w.config.Topic, err)
+		}
+	}
 	for _, ev := range events {
 		msg, err := Encode(ev)
 		if err != nil {

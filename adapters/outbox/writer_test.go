@@ -29,7 +29,7 @@ func TestInitialize(t *testing.T) {
 			t.Cleanup(func() { _ = pool.Close() })
 			wg.Go(func() {
 				<-start
-				errs[i] = outbox.Initialize(context.Background(), pool, outbox.DefaultConfig())
+				errs[i] = outbox.Initialize(context.Background(), pool, testdb.Outbox)
 			})
 		}
 		close(start)
@@ -39,7 +39,7 @@ func TestInitialize(t *testing.T) {
 				t.Errorf("instance %d: %v", i, err)
 			}
 		}
-		cfg := outbox.DefaultConfig()
+		cfg := testdb.Outbox
 		for _, table := range []string{cfg.Table(), cfg.OffsetsTable()} {
 			var exists bool
 			if err := db.GetContext(context.Background(), &exists, `SELECT to_regclass($1) IS NOT NULL`, table); err != nil {

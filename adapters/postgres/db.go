@@ -35,11 +35,12 @@ func Open(ctx context.Context, url string, maxConns int) (*sqlx.DB, error) {
 // PostgreSQL error codes matched by the adapters.
 const (
 	codeUniqueViolation = "23505"
+	codeDivisionByZero  = "22012"
 )
 
-// isUniqueViolation reports whether err is a unique_violation, optionally of
+// IsUniqueViolation reports whether err is a unique_violation, optionally of
 // the named constraint.
-func isUniqueViolation(err error, constraint string) bool {
+func IsUniqueViolation(err error, constraint string) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != codeUniqueViolation {
 		return false

@@ -88,9 +88,8 @@ func TestMigrate(t *testing.T) {
 	t.Run("concurrent instances apply each migration once", func(t *testing.T) {
 		t.Parallel()
 		for owner, migrations := range map[string]fs.FS{
-			"orders":     postgres.OrdersMigrations(),
-			"settlement": postgres.SettlementMigrations(),
-			"counting":   countingMigrations("concurrent_log"),
+			postgres.FrameworkOwner: postgres.Migrations(),
+			"counting":              countingMigrations("concurrent_log"),
 		} {
 			for i, err := range migrateConcurrently(t, db, 4, owner, migrations) {
 				if err != nil {

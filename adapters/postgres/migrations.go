@@ -1,25 +1,34 @@
 package postgres
 
 import (
+	"context"
 	"embed"
 	"io/fs"
+
+	"github.com/jmoiron/sqlx"
 )
 
-//go:embed migrations
+//go:embed migrations/*.sql
 var migrations embed.FS
 
-// OrdersMigrations are the migrations of the orders service's own tables.
-// The outbox tables are created by outbox.Initialize.
-func OrdersMigrations() fs.FS { return sub("migrations/orders") }
+// FrameworkOwner names the framework's migration history
+// (outboxmill_schema_migrations) and its migration lock.
+const FrameworkOwner = "outboxmill"
 
-// SettlementMigrations are the migrations of the settlement service's tables,
-// including processed_events and set_aside_messages used by its middleware.
-func SettlementMigrations() fs.FS { return sub("migrations/settlement") }
-
-func sub(dir string) fs.FS {
-	f, err := fs.Sub(migrations, dir)
+// Migrations are the migrations of the framework's own tables:
+// processed_events, set_aside_messages, outbox_set_aside and
+// aggregate_versions. Outbox tables are created per outbox by
+// outbox.Initialize; each module migrates its own tables with Migrate.
+func Migrations() fs.FS {
+	f, err := fs.Sub(migrations, "migrations")
 	if err != nil {
 		panic(err) // the directory is embedded at build time
 	}
 	return f
+}
+
+// MigrateFramework applies the framework's migrations to db, under the
+// same advisory lock and history rules as Migrate.
+func MigrateFramework(ctx context.Context, db *sqlx.DB) error {
+	return Migrate(ctx, db, FrameworkOwner, Migrations())
 }

@@ -33,10 +33,17 @@ func (s *SetAsideStore) SetAside(ctx context.Context, m middleware.SetAsideMessa
 	if err != nil {
 		return fmt.Errorf("encode metadata: %w", err)
 	}
+	var aggType, aggID, heldUntil any
+	var aggVersion any
+	if h := m.Hold; h != nil {
+		aggType, aggID, aggVersion, heldUntil = h.AggregateType, h.AggregateID, h.AggregateVersion, h.Until
+	}
 	if _, err := s.db.ExecContext(ctx, `
-		INSERT INTO set_aside_messages (handler, message_id, topic, payload, metadata, reason, attempts, set_aside_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
-		m.Handler, m.MessageID, m.Topic, m.Payload, string(meta), m.Reason, m.Attempts, m.At); err != nil {
+		INSERT INTO set_aside_messages (handler, message_id, topic, payload, metadata, reason, attempts, set_aside_at,
+			aggregate_type, aggregate_id, aggregate_version, held_until)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		m.Handler, m.MessageID, m.Topic, m.Payload, string(meta), m.Reason, m.Attempts, m.At,
+		aggType, aggID, aggVersion, heldUntil); err != nil {
 		return fmt.Errorf("insert set-aside message: %w", err)
 	}
 	return nil
@@ -169,4 +176,54 @@ func countBy(ctx context.Context, db sqlx.QueryerContext, query string) (map[str
 		counts[key] = n
 	}
 	return counts, rows.Err()
+}
+
+// Releasable returns the messages of handler held back for their
+// aggregate's previous version (see middleware.HoldError) whose hold has not
+// ended and whose previous version the handler has applied since, in
+// version order; anyHeld reports whether the handler has held messages at
+// all, released or not.
+func (s *SetAsideStore) Releasable(ctx context.Context, handler string) (ready []StoredSetAside, anyHeld bool, err error) {
+	rows, err := s.db.QueryContext(ctx, `
+		SELECT `+setAsideColumns+`,
+			EXISTS (SELECT 1 FROM aggregate_versions v
+				WHERE v.handler = s.handler AND v.aggregate_type = s.aggregate_type
+				AND v.aggregate_id = s.aggregate_id AND v.version = s.aggregate_version - 1)
+		FROM set_aside_messages s
+		WHERE handler = $1 AND held_until > now()
+		ORDER BY aggregate_type, aggregate_id, aggregate_version
+		LIMIT 1000`, handler)
+	if err != nil {
+		return nil, true, fmt.Errorf("list held messages: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var m StoredSetAside
+		var meta []byte
+		var releasable bool
+		if err := rows.Scan(&m.ID, &m.Handler, &m.MessageID, &m.Topic, &m.Payload, &meta, &m.Reason, &m.Attempts, &m.At, &releasable); err != nil {
+			return nil, true, fmt.Errorf("list held messages: %w", err)
+		}
+		anyHeld = true
+		if !releasable {
+			continue
+		}
+		if err := json.Unmarshal(meta, &m.Metadata); err != nil {
+			return nil, true, fmt.Errorf("decode metadata of held message %d: %w", m.ID, err)
+		}
+		ready = append(ready, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, true, fmt.Errorf("list held messages: %w", err)
+	}
+	return ready, anyHeld, nil
+}
+
+// Delete deletes the set-aside message id; deleting one that is gone is not
+// an error.
+func (s *SetAsideStore) Delete(ctx context.Context, id int64) error {
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM set_aside_messages WHERE id = $1`, id); err != nil {
+		return fmt.Errorf("delete set-aside message %d: %w", id, err)
+	}
+	return nil
 }

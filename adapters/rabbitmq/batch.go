@@ -13,7 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxmill/outboxmill/internal/trace"
-	"github.com/outboxmill/outboxmill/middleware"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
 )
 
 // BatchConsumer consumes queues whose messages must be handled in order
@@ -47,14 +47,14 @@ type BatchConsumer struct {
 	Queues []string
 	// Dedup opens each batch's transaction and marks its events in
 	// processed_events. Required.
-	Dedup middleware.Dedup
+	Dedup postgres.Dedup
 	// Handle handles the new events of a batch through its transaction.
 	// Required.
-	Handle middleware.BatchHandler
+	Handle postgres.BatchHandler
 	// Statements, when set, is Handle as statements: a batch is then first
 	// tried in one round trip to the database (Dedup.PipelineBatch), and
 	// handled by Handle only if one of its events was processed before.
-	Statements middleware.BatchStatements
+	Statements postgres.BatchStatements
 	// Fallback returns the handler chain for the messages of queue, used for
 	// each message of a failed batch. Required.
 	Fallback func(queue string) message.HandlerFunc
@@ -351,7 +351,7 @@ func (l *lane) processBatch(ctx context.Context, msgs []*message.Message) (n int
 	}()
 	if l.c.Statements != nil {
 		n, err := l.c.Dedup.PipelineBatch(ctx, msgs, l.c.Statements)
-		if !errors.Is(err, middleware.ErrNotPipelined) {
+		if !errors.Is(err, postgres.ErrNotPipelined) {
 			return n, err
 		}
 	}

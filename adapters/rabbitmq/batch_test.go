@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxmill/outboxmill/adapters/pgbatch"
+
 	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
@@ -124,30 +126,28 @@ func (f *batchFixture) record(ctx context.Context, tx *sqlx.Tx, msg *message.Mes
 // consumer returns a BatchConsumer of the fixture's queues at url, whose
 // fallback chain sets aside (after one retry) what fails for good.
 func (f *batchFixture) consumer(url string) *rabbitmq.BatchConsumer {
-	dedup := middleware.Dedup{DB: f.db.DB, Handler: batchHandlerName, OnDuplicate: func(*message.Message) { f.duplicates.Add(1) }}
+	dedup := postgres.Dedup{DB: f.db.DB, Handler: batchHandlerName, OnDuplicate: func(*message.Message) { f.duplicates.Add(1) }}
 	single := func(msg *message.Message) ([]*message.Message, error) {
 		if err := f.attempt(msg.UUID); err != nil {
 			return nil, err
 		}
-		tx, _ := middleware.Tx(msg.Context())
+		tx, _ := postgres.HandlerTx(msg.Context())
 		return nil, f.record(msg.Context(), tx, msg)
 	}
 	return &rabbitmq.BatchConsumer{
 		URL:    url,
 		Queues: f.queues,
 		Dedup:  dedup,
-		Statements: func(msgs []*message.Message) ([]middleware.Statement, error) {
+		Statements: func(_ context.Context, b *pgbatch.Tx, msgs []*message.Message) error {
 			var lanes, ids []string
 			for _, msg := range msgs {
 				if err := f.attempt(msg.UUID); err != nil {
-					return nil, err
+					return err
 				}
 				lanes, ids = append(lanes, msg.Metadata.Get("lane")), append(ids, msg.UUID)
 			}
-			return []middleware.Statement{{
-				SQL:  `INSERT INTO effects (lane, event_id) SELECT l, e FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS x(l, e, n) ORDER BY n`,
-				Args: []any{lanes, ids},
-			}}, nil
+			b.Exec("", `INSERT INTO effects (lane, event_id) SELECT l, e FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS x(l, e, n) ORDER BY n`, lanes, ids)
+			return nil
 		},
 		Handle: func(ctx context.Context, tx *sqlx.Tx, msgs []*message.Message) error {
 			for _, msg := range msgs {
@@ -502,7 +502,7 @@ func TestBatchConsumer_Validate(t *testing.T) {
 		return &rabbitmq.BatchConsumer{
 			URL:      "amqp://localhost",
 			Queues:   []string{"q"},
-			Dedup:    middleware.Dedup{DB: db, Handler: "h"},
+			Dedup:    postgres.Dedup{DB: db, Handler: "h"},
 			Handle:   func(context.Context, *sqlx.Tx, []*message.Message) error { return nil },
 			Fallback: func(string) message.HandlerFunc { return nil },
 		}

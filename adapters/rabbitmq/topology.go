@@ -25,6 +25,22 @@ type Topology struct {
 	Exchange string
 	// Queues are the consumers' queues and the routing keys bound to them.
 	Queues []Queue
+	// UnroutableQueue, when set, collects the events no queue is bound to:
+	// the exchange is declared with an alternate exchange
+	// ("<Exchange>.unroutable", fanout) bound to this queue, so an event
+	// published before any consumer of its type exists is kept there
+	// instead of being dropped by the broker. A consumer added later can be
+	// fed from it (outboxctl unroutable replay).
+	UnroutableQueue string
+}
+
+// AlternateExchange returns the name of the exchange that receives what the
+// events exchange cannot route, or "" when UnroutableQueue is not set.
+func (t Topology) AlternateExchange() string {
+	if t.UnroutableQueue == "" {
+		return ""
+	}
+	return t.Exchange + ".unroutable"
 }
 
 // Queue is a durable queue bound to the topology's exchange.
@@ -53,7 +69,7 @@ func (t Topology) Validate() error {
 		if q.Name == "" {
 			return errors.New("topology: queue with empty name")
 		}
-		if seen[q.Name] {
+		if seen[q.Name] || q.Name == t.UnroutableQueue {
 			return fmt.Errorf("topology: queue %s declared twice", q.Name)
 		}
 		seen[q.Name] = true
@@ -102,7 +118,24 @@ func Declare(ctx context.Context, url string, t Topology) error {
 	}
 	defer ch.Close()
 
-	if err := ch.ExchangeDeclare(t.Exchange, "topic", true, false, false, false, nil); err != nil {
+	var exchangeArgs amqp.Table
+	if ae := t.AlternateExchange(); ae != "" {
+		if err := ch.ExchangeDeclare(ae, "fanout", true, false, false, false, nil); err != nil {
+			return fmt.Errorf("declare exchange %s: %w", ae, err)
+		}
+		if _, err := ch.QueueDeclare(t.UnroutableQueue, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("declare queue %s: %w", t.UnroutableQueue, err)
+		}
+		if err := ch.QueueBind(t.UnroutableQueue, "", ae, false, nil); err != nil {
+			return fmt.Errorf("bind queue %s to %s: %w", t.UnroutableQueue, ae, err)
+		}
+		exchangeArgs = amqp.Table{"alternate-exchange": ae}
+	}
+	if err := ch.ExchangeDeclare(t.Exchange, "topic", true, false, false, false, exchangeArgs); err != nil {
+		var amqpErr *amqp.Error
+		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed {
+			return fmt.Errorf("declare exchange %s: it exists with other arguments (an exchange declared before unroutable events were kept has no alternate exchange: delete it, or use another namespace): %w", t.Exchange, err)
+		}
 		return fmt.Errorf("declare exchange %s: %w", t.Exchange, err)
 	}
 	for _, q := range t.Queues {

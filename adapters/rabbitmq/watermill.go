@@ -25,7 +25,10 @@ func PublisherConfig(url, exchange string) wmamqp.Config {
 			ConfirmDelivery:    true,
 			ChannelPoolSize:    1,
 		},
-		TopologyBuilder: &wmamqp.DefaultTopologyBuilder{},
+		// The exchange was declared up front by Declare, with its
+		// alternate exchange; Watermill's own declaration has no
+		// arguments, which the broker would refuse.
+		TopologyBuilder: declaredTopology{},
 	}
 }
 

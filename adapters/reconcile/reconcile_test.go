@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/domain/orders"
+
 	"github.com/outboxmill/outboxmill/adapters/reconcile"
-	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/internal/testdb"
 )
 
@@ -34,8 +34,8 @@ func TestRun(t *testing.T) {
 	// forwarded yet.
 
 	report, err := reconcile.Run(ctx, reconcile.Config{
-		Producer: db.DB, Outbox: outbox.DefaultConfig(), ConsumerGroup: "relay", Consumer: db.DB,
-		Routes:    []reconcile.Route{{Handler: "h", EventTypes: []string{domain.EventOrderPaid}}, {Handler: "none", EventTypes: []string{"NoSuchEvent"}}},
+		Producer: db.DB, Outbox: testdb.Outbox, ConsumerGroup: "relay", Consumer: db.DB,
+		Routes:    []reconcile.Route{{Handler: "h", EventTypes: []string{orders.EventOrderPaid}}, {Handler: "none", EventTypes: []string{"NoSuchEvent"}}},
 		OlderThan: time.Minute, BatchSize: 2,
 	})
 	if err != nil {
@@ -60,7 +60,7 @@ func TestRun(t *testing.T) {
 		t.Fatalf("missing: %+v, want %v", report.Missing, want)
 	}
 	for _, m := range report.Missing {
-		if want[m.EventID] != m.State || m.Handler != "h" || m.EventType != domain.EventOrderPaid || m.Age < time.Hour {
+		if want[m.EventID] != m.State || m.Handler != "h" || m.EventType != orders.EventOrderPaid || m.Age < time.Hour {
 			t.Errorf("missing %+v, want state %q", m, want[m.EventID])
 		}
 	}

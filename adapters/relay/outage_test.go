@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxmill/outboxmill/domain/orders"
+
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/internal/stack"
 )
@@ -34,9 +36,9 @@ func TestOutboxmill_ResumesAfterBrokerOutage(t *testing.T) {
 	events := make([]domain.Event, n)
 	for i := range events {
 		events[i] = domain.Event{
-			ID: domain.NewEventID(), Type: domain.EventOrderPaid, SchemaVersion: 1, AggregateType: "Order",
+			ID: domain.NewEventID(), Type: orders.EventOrderPaid, SchemaVersion: 1, AggregateType: "Order",
 			AggregateID: fmt.Sprintf("agg-%d", i), AggregateVersion: 1, OccurredAt: time.Now().UTC(),
-			Payload: domain.OrderPaidPayload{OrderID: fmt.Sprintf("agg-%d", i), CustomerID: "c", Amount: 100, Currency: "EUR"},
+			Payload: orders.OrderPaidPayload{OrderID: fmt.Sprintf("agg-%d", i), CustomerID: "c", Amount: 100, Currency: "EUR"},
 		}
 	}
 	if err := f.writer.Write(ctx, tx, events); err != nil {

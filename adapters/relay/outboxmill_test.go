@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
+	"github.com/outboxmill/outboxmill/domain/orders"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -40,10 +41,7 @@ func newFixture(t *testing.T) *fixture {
 	env := stack.EnvFromEnvironment()
 	tdb := testdb.NewOrders(t)
 	db, name := tdb.DB, tdb.Name
-	writer, err := outbox.NewWriter(outbox.DefaultConfig(), watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	writer := testdb.Writer(t, testdb.Outbox)
 	conn, err := rabbitmq.Dial(ctx, env.AMQPURL)
 	if err != nil {
 		t.Fatal(err)
@@ -116,9 +114,9 @@ type heldTx struct {
 func (f *fixture) begin(aggregate string, version int) heldTx {
 	f.t.Helper()
 	ev := domain.Event{
-		ID: domain.NewEventID(), Type: domain.EventOrderPaid, SchemaVersion: 1, AggregateType: "Order",
+		ID: domain.NewEventID(), Type: orders.EventOrderPaid, SchemaVersion: 1, AggregateType: "Order",
 		AggregateID: aggregate, AggregateVersion: version, OccurredAt: time.Now().UTC(),
-		Payload: domain.OrderPaidPayload{OrderID: aggregate, CustomerID: "c", Amount: 100, Currency: "EUR"},
+		Payload: orders.OrderPaidPayload{OrderID: aggregate, CustomerID: "c", Amount: 100, Currency: "EUR"},
 	}
 	tx, err := f.db.BeginTxx(context.Background(), nil)
 	if err != nil {
@@ -132,7 +130,7 @@ func (f *fixture) begin(aggregate string, version int) heldTx {
 
 func (f *fixture) config() relay.Config {
 	return relay.Config{
-		Outbox:          outbox.DefaultConfig(),
+		Outbox:          testdb.Outbox,
 		AMQPURL:         f.env.AMQPURL,
 		Exchange:        f.exchange,
 		PollInterval:    50 * time.Millisecond,
@@ -259,7 +257,7 @@ func TestOutboxmill_ReturnMidStreamResendsFromTheReturnedRow(t *testing.T) {
 	for i := 0; outbox.Shard(unroutable) == outbox.Shard(routed); i++ {
 		unroutable = fmt.Sprintf("unroutable-%d", i)
 	}
-	qa := f.bindQueue(outbox.RoutingKey(domain.EventOrderPaid, routed))
+	qa := f.bindQueue(outbox.RoutingKey(orders.EventOrderPaid, routed))
 	for v := 1; v <= 5; v++ {
 		f.commit(routed, v)
 	}
@@ -273,7 +271,7 @@ func TestOutboxmill_ReturnMidStreamResendsFromTheReturnedRow(t *testing.T) {
 	cfg.Metrics = failures
 	f.start(cfg)
 	waitFor(t, 30*time.Second, "a returned publish", func() bool { return failures.failed() > 0 })
-	qb := f.bindQueue(outbox.RoutingKey(domain.EventOrderPaid, unroutable))
+	qb := f.bindQueue(outbox.RoutingKey(orders.EventOrderPaid, unroutable))
 	if got := receive(t, qb, 1, 30*time.Second); got[0].id != blocked.ID {
 		t.Fatalf("got %+v, want %s", got, blocked.ID)
 	}
@@ -330,7 +328,7 @@ func TestOutboxmill_OrdersTransactionIDsAcrossAPowerOfTen(t *testing.T) {
 	for v := 1; v <= 6; v++ {
 		ev := f.commit("across", v)
 		// Ids far below every running transaction keep the rows visible.
-		if _, err := f.db.Exec(`UPDATE `+outbox.DefaultConfig().Table()+` SET transaction_id = $1::bigint::text::xid8
+		if _, err := f.db.Exec(`UPDATE `+testdb.Outbox.Table()+` SET transaction_id = $1::bigint::text::xid8
 			WHERE payload::jsonb ->> 'uuid' = $2`, 96+v, ev.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -408,10 +406,10 @@ func TestOutboxmill_CoalescesPositionUpdates(t *testing.T) {
 func (f *fixture) positionAndLastRow() (stored, last string) {
 	f.t.Helper()
 	if err := f.db.QueryRow(`SELECT last_processed_transaction_id::text || '/' || offset_acked FROM `+
-		outbox.DefaultConfig().OffsetsTable()+` WHERE consumer_group = $1`, relay.DefaultConsumerGroup).Scan(&stored); err != nil {
+		testdb.Outbox.OffsetsTable()+` WHERE consumer_group = $1`, relay.DefaultConsumerGroup).Scan(&stored); err != nil {
 		f.t.Fatal(err)
 	}
-	if err := f.db.QueryRow(`SELECT m.transaction_id::text || '/' || m."offset" FROM ` + outbox.DefaultConfig().Table() +
+	if err := f.db.QueryRow(`SELECT m.transaction_id::text || '/' || m."offset" FROM ` + testdb.Outbox.Table() +
 		` m ORDER BY m.transaction_id DESC, m."offset" DESC LIMIT 1`).Scan(&last); err != nil {
 		f.t.Fatal(err)
 	}
@@ -422,7 +420,7 @@ func TestOutboxmill_SetsAsideUndecodableRows(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	d := f.bindQueue("#")
-	if _, err := f.db.Exec(`INSERT INTO ` + outbox.DefaultConfig().Table() +
+	if _, err := f.db.Exec(`INSERT INTO ` + testdb.Outbox.Table() +
 		` (uuid, payload, metadata, transaction_id) VALUES ('bad-row', '{"not":"an envelope"}', '{}', pg_current_xact_id())`); err != nil {
 		t.Fatal(err)
 	}
@@ -451,7 +449,7 @@ func TestOutboxmill_RestartsWhenThePositionMoves(t *testing.T) {
 	f.commit("agg", 1)
 	receive(t, d, 1, 30*time.Second)
 	waitFor(t, 30*time.Second, "the first position update", func() bool { _, rows := m.published(); return rows == 1 })
-	offsets := outbox.DefaultConfig().OffsetsTable()
+	offsets := testdb.Outbox.OffsetsTable()
 	if _, err := f.db.Exec(`UPDATE `+offsets+` SET offset_acked = offset_acked + 1000 WHERE consumer_group = $1`,
 		relay.DefaultConsumerGroup); err != nil {
 		t.Fatal(err)

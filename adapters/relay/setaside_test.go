@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"testing"
 
-	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/internal/testdb"
 )
@@ -41,7 +40,7 @@ func TestReplaySetAside(t *testing.T) {
 	db := testdb.NewServices(t)
 	setAside := func(payload string) int64 {
 		t.Helper()
-		if err := relay.SetAsideRow(ctx, db, outbox.DefaultConfig().Topic, "row-uuid", []byte(payload), "test"); err != nil {
+		if err := relay.SetAsideRow(ctx, db, testdb.Outbox.Topic, "row-uuid", []byte(payload), "test"); err != nil {
 			t.Fatal(err)
 		}
 		var id int64
@@ -53,7 +52,7 @@ func TestReplaySetAside(t *testing.T) {
 	outboxRows := func() int {
 		t.Helper()
 		var n int
-		if err := db.Get(&n, `SELECT count(*) FROM `+outbox.DefaultConfig().Table()); err != nil {
+		if err := db.Get(&n, `SELECT count(*) FROM `+testdb.Outbox.Table()); err != nil {
 			t.Fatal(err)
 		}
 		return n

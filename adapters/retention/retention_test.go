@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/internal/testdb"
 )
 
@@ -50,7 +49,7 @@ func TestPurger_PurgeOutbox(t *testing.T) {
 		db.SetRelayPosition(t, "relay", ids[5]) // rows 0..5 forwarded
 		old := slices.Concat(ids[:3], ids[4:])  // row 3 is recent
 		db.Backdate(t, week+time.Hour, old...)
-		p, err := NewOutboxPurger(db.DB, outbox.DefaultConfig(), Config{BatchSize: 2})
+		p, err := NewOutboxPurger(db.DB, testdb.Outbox, Config{BatchSize: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -83,7 +82,7 @@ func TestPurger_PurgeOutbox(t *testing.T) {
 		db := testdb.NewServices(t)
 		ids := testdb.IDs(db.WriteEvents(t, 3))
 		db.Backdate(t, 30*24*time.Hour, ids...)
-		p, err := NewOutboxPurger(db.DB, outbox.DefaultConfig(), Config{})
+		p, err := NewOutboxPurger(db.DB, testdb.Outbox, Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,7 +104,7 @@ func TestPurger_PurgeOutbox(t *testing.T) {
 		db.SetRelayPosition(t, "relay", ids[4])
 		db.SetRelayPosition(t, "other", ids[1])
 		db.Backdate(t, week+time.Hour, ids...)
-		p, err := NewOutboxPurger(db.DB, outbox.DefaultConfig(), Config{})
+		p, err := NewOutboxPurger(db.DB, testdb.Outbox, Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,7 +125,7 @@ func TestPurger_PurgeOutbox(t *testing.T) {
 		ids := testdb.IDs(db.WriteEvents(t, 2))
 		db.SetRelayPosition(t, "relay", ids[1])
 		db.Backdate(t, week+time.Hour, ids...)
-		p, err := NewOutboxPurger(db.DB, outbox.DefaultConfig(), Config{})
+		p, err := NewOutboxPurger(db.DB, testdb.Outbox, Config{})
 		if err != nil {
 			t.Fatal(err)
 		}

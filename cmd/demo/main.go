@@ -30,7 +30,7 @@ import (
 
 	"github.com/outboxmill/outboxmill/internal/cli"
 	"github.com/outboxmill/outboxmill/internal/stack"
-	"github.com/outboxmill/outboxmill/services"
+	"github.com/outboxmill/outboxmill/module"
 )
 
 // Exit codes of the demo.
@@ -313,8 +313,8 @@ func (d *demo) shutdown(s *stack.Stack, interrupted bool) bool {
 		if s.SettleDB != s.OrdersDB {
 			dbs += " and " + s.SettleDB
 		}
-		names := services.Names{Namespace: s.Namespace}
-		d.logf("kept database %s, exchange %s and queues %s..%d", dbs, names.Exchange(), names.SettlementQueue(0), services.SettlementLanes-1)
+		names := module.Names{Namespace: s.Namespace}
+		d.logf("kept database %s, exchange %s and the queues %s.*", dbs, names.Exchange(), s.Namespace)
 		return clean
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -64,7 +64,7 @@ func (m *monitor) settled(ctx context.Context) (int64, error) {
 func (m *monitor) backlog(ctx context.Context) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	st, err := outbox.Inspect(ctx, m.ordersDB, outbox.DefaultConfig(), relay.DefaultConsumerGroup, time.Hour)
+	st, err := outbox.Inspect(ctx, m.ordersDB, outbox.ForModule("orders"), relay.DefaultConsumerGroup, time.Hour)
 	if err != nil {
 		return 0, fmt.Errorf("count outbox backlog: %w", err)
 	}

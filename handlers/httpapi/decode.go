@@ -14,13 +14,13 @@ import (
 // maxBodyBytes bounds every request body.
 const maxBodyBytes = 64 << 10
 
-// decodeJSON reads r's body into v. It insists on a JSON content type, a body
+// DecodeJSON reads r's body into v. It insists on a JSON content type, a body
 // of at most maxBodyBytes, exactly one JSON value and no unknown fields.
-func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
+func DecodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
 	mediaType, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil || mediaType != "application/json" {
-		return &requestError{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type",
-			message: "Content-Type must be application/json"}
+		return &Error{Status: http.StatusUnsupportedMediaType, Code: "unsupported_media_type",
+			Message: "Content-Type must be application/json"}
 	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	dec.DisallowUnknownFields()
@@ -31,7 +31,7 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
 		if err != nil {
 			return bodyError(err)
 		}
-		return badRequest("body must hold a single JSON object")
+		return BadRequest("body must hold a single JSON object")
 	}
 	return nil
 }
@@ -41,16 +41,16 @@ func bodyError(err error) error {
 	var typeErr *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &tooLarge):
-		return &requestError{status: http.StatusRequestEntityTooLarge, code: "body_too_large",
-			message: fmt.Sprintf("body must be at most %d bytes", maxBodyBytes)}
+		return &Error{Status: http.StatusRequestEntityTooLarge, Code: "body_too_large",
+			Message: fmt.Sprintf("body must be at most %d bytes", maxBodyBytes)}
 	case errors.As(err, &typeErr) && typeErr.Field == "":
-		return badRequest("body must be a JSON object, not " + article(typeErr.Value))
+		return BadRequest("body must be a JSON object, not " + article(typeErr.Value))
 	case errors.As(err, &typeErr):
-		return badRequest(fmt.Sprintf("field %q must be %s, not %s", typeErr.Field, article(jsonType(typeErr.Type)), article(typeErr.Value)))
+		return BadRequest(fmt.Sprintf("field %q must be %s, not %s", typeErr.Field, article(jsonType(typeErr.Type)), article(typeErr.Value)))
 	case errors.Is(err, io.EOF):
-		return badRequest("body is empty")
+		return BadRequest("body is empty")
 	default:
-		return badRequest("body is not valid JSON: " + err.Error())
+		return BadRequest("body is not valid JSON: " + err.Error())
 	}
 }
 

@@ -2,7 +2,7 @@
 // (place, pay, cancel, get) and settlement (get an order's ledger entries).
 //
 // Errors have one shape, {"error":{"code":"...","message":"..."}}, and are
-// mapped to a status in exactly one function, writeError.
+// mapped to a status in exactly one function, WriteError.
 package httpapi
 
 import (
@@ -15,17 +15,23 @@ import (
 	"github.com/outboxmill/outboxmill/domain"
 )
 
-// requestError is a problem with the HTTP request itself.
-type requestError struct {
-	status  int
-	code    string
-	message string
+// Error is an error with the status, code and message it is answered
+// with: a problem with the request itself, or a module's own error mapped
+// to a status.
+type Error struct {
+	// Status is the HTTP status.
+	Status int
+	// Code is the machine-readable error code, for example "invalid".
+	Code string
+	// Message is shown to the client.
+	Message string
 }
 
-func (e *requestError) Error() string { return e.message }
+func (e *Error) Error() string { return e.Message }
 
-func badRequest(msg string) error {
-	return &requestError{status: http.StatusBadRequest, code: "malformed_request", message: msg}
+// BadRequest returns a 400 malformed_request error with msg.
+func BadRequest(msg string) error {
+	return &Error{Status: http.StatusBadRequest, Code: "malformed_request", Message: msg}
 }
 
 type errorBody struct {
@@ -35,36 +41,38 @@ type errorBody struct {
 	} `json:"error"`
 }
 
-// writeError writes err as a JSON error with the status its kind maps to.
-func writeError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
+// WriteError writes err as a JSON error with the status its kind maps to:
+// an *Error its own, a *domain.ValidationError 400, a
+// *domain.TransitionError 409, app.ErrVersionConflict 409, app.ErrNotFound
+// 404, anything else 500 (logged, and shown as "internal error").
+func WriteError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
 	status, code, msg := http.StatusInternalServerError, "internal", "internal error"
 	var (
-		reqErr        *requestError
+		reqErr        *Error
 		validationErr *domain.ValidationError
 		transitionErr *domain.TransitionError
 	)
 	switch {
 	case errors.As(err, &reqErr):
-		status, code, msg = reqErr.status, reqErr.code, reqErr.message
+		status, code, msg = reqErr.Status, reqErr.Code, reqErr.Message
 	case errors.As(err, &validationErr):
 		status, code, msg = http.StatusBadRequest, "invalid", validationErr.Error()
 	case errors.As(err, &transitionErr):
 		status, code, msg = http.StatusConflict, "invalid_transition", transitionErr.Error()
 	case errors.Is(err, app.ErrVersionConflict):
-		status, code, msg = http.StatusConflict, "version_conflict", "the order changed meanwhile; reload it and try again"
+		status, code, msg = http.StatusConflict, "version_conflict", "the resource changed meanwhile; reload it and try again"
 	case errors.Is(err, app.ErrNotFound):
 		status, code, msg = http.StatusNotFound, "not_found", err.Error()
-	case errors.Is(err, app.ErrIdempotencyKeyReused):
-		status, code, msg = http.StatusUnprocessableEntity, "idempotency_key_reused", err.Error()
 	default:
 		logger.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	var body errorBody
 	body.Error.Code, body.Error.Message = code, msg
-	writeJSON(w, status, body)
+	WriteJSON(w, status, body)
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
+// WriteJSON writes v as JSON with status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
@@ -74,5 +82,5 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func notFound(w http.ResponseWriter, r *http.Request) {
 	var body errorBody
 	body.Error.Code, body.Error.Message = "not_found", "no such endpoint: "+r.Method+" "+r.URL.Path
-	writeJSON(w, http.StatusNotFound, body)
+	WriteJSON(w, http.StatusNotFound, body)
 }

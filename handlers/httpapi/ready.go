@@ -68,5 +68,5 @@ func (h *Readiness) ready(w http.ResponseWriter, r *http.Request) {
 		}
 		body.Checks[c.Name] = "ok"
 	}
-	writeJSON(w, status, body)
+	WriteJSON(w, status, body)
 }

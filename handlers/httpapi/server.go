@@ -13,12 +13,18 @@ type API interface {
 // for any other path.
 func NewHandler(apis ...API) http.Handler {
 	mux := http.NewServeMux()
+	Register(mux, apis...)
+	return mux
+}
+
+// Register adds apis, /healthz, and a JSON 404 for any other path to mux,
+// which may hold routes already (the modules').
+func Register(mux *http.ServeMux, apis ...API) {
 	for _, api := range apis {
 		api.Register(mux)
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("/", notFound)
-	return mux
 }

@@ -7,27 +7,34 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/outboxmill/outboxmill/app"
+	"github.com/outboxmill/outboxmill/consumer"
+	"github.com/outboxmill/outboxmill/domain"
+	"github.com/outboxmill/outboxmill/domain/orders"
+	"github.com/outboxmill/outboxmill/domain/settlement"
+	"github.com/outboxmill/outboxmill/middleware"
+	"github.com/outboxmill/outboxmill/module"
+
 	"github.com/ThreeDotsLabs/watermill"
-	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxmill/outboxmill/adapters/metrics"
+	orderstore "github.com/outboxmill/outboxmill/adapters/orders"
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
-	"github.com/outboxmill/outboxmill/domain"
-	"github.com/outboxmill/outboxmill/handlers/settle"
-	"github.com/outboxmill/outboxmill/services"
-	"github.com/outboxmill/outboxmill/services/settlement"
+	settlementstore "github.com/outboxmill/outboxmill/adapters/settlement"
 )
 
-// Consumer kinds, as the settlement service names them.
+// Consumer kinds, as the framework names them.
 const (
-	ConsumerBatch  = settlement.ConsumerBatch
-	ConsumerRouter = settlement.ConsumerRouter
+	ConsumerBatch  = consumer.KindBatch
+	ConsumerRouter = consumer.KindRouter
 )
 
-// consumerSpec says which settlement consumer to run.
+// consumerSpec says which consumer to run.
 type consumerSpec struct {
 	// Kind is ConsumerBatch or ConsumerRouter.
 	Kind string
@@ -35,78 +42,117 @@ type consumerSpec struct {
 	Prefetch int
 }
 
-// consumer is the settlement service's consumer (settlement.Lanes), lanes
-// in parallel, each in order, the settlement handler behind set-aside,
-// retry, recoverer and dedup in the handler's transaction: either the batch
-// consumer, or one Watermill handler per lane, a transaction per message.
-// It records in a tracker when each event was
-// handled: after its transaction committed, before its ack.
-type consumer struct {
-	router *message.Router
-	sub    *wmamqp.Subscriber
+// settleHandlerName names the benchmark's handler.
+const settleHandlerName = "bench.settle"
+
+// settleHandler is the benchmark's consumer handler, built with the
+// framework as a module's would be: it appends the ledger entries of each
+// OrderPaid event (the benchmark's orders are committed paid, with their
+// OrderPaid event alone, so its version guard is monotonic). It only writes,
+// so a lane's batch takes the one-round-trip path.
+func settleHandler() consumer.Handler {
+	return consumer.Handler{
+		Name:     settleHandlerName,
+		Lanes:    8,
+		Ordering: postgres.Monotonic,
+		Cases: []consumer.Case{consumer.On(func(ctx context.Context, tx postgres.Tx, ev consumer.Event[orders.OrderPaidPayload]) ([]domain.Event, error) {
+			p := ev.Payload
+			entries, err := settlement.SettlementEntries(p.Amount)
+			if err != nil {
+				return nil, middleware.Permanent(err)
+			}
+			return nil, settlementstore.AppendEntries(ctx, tx, p.OrderID, ev.ID, p.Currency, ev.OccurredAt, entries)
+		})},
+	}
+}
+
+// benchSet is the benchmark's module set: the orders events and the
+// benchmark's handler.
+func benchSet() module.Set {
+	return module.Set{{Name: "bench", Consumes: orders.Events, Handlers: []consumer.Handler{settleHandler()}}}
+}
+
+// benchTopology is the broker topology of benchSet in the namespace of
+// names, without the unroutable queue: the stock Watermill arms declare the
+// exchange themselves, with no alternate exchange, as the library's defaults
+// do, and the benchmark's events all have a queue.
+func benchTopology(names module.Names) rabbitmq.Topology {
+	t, err := benchSet().Topology(names, rabbitmq.QueueClassic)
+	if err != nil {
+		panic(fmt.Sprintf("bench topology: %v", err)) // benchSet is fixed
+	}
+	t.UnroutableQueue = ""
+	return t
+}
+
+// benchRegistry is the registry of the orders events.
+func benchRegistry() *domain.Registry {
+	reg, err := benchSet().Registry()
+	if err != nil {
+		panic(fmt.Sprintf("bench registry: %v", err)) // benchSet is fixed
+	}
+	return reg
+}
+
+// benchOutbox is the outbox the benchmark writes: the orders module's.
+var benchOutbox = outbox.ForModule("orders")
+
+// newWriter returns the writer of benchOutbox.
+func newWriter() (*outbox.Writer, error) {
+	return outbox.NewWriter(benchOutbox, benchRegistry(), watermill.NopLogger{})
+}
+
+// newRepository returns the orders module's repository on db.
+func newRepository(db *sqlx.DB, writer *outbox.Writer, listener app.CommitListener, opts ...postgres.UnitOfWorkOption) *orderstore.Repository {
+	return orderstore.NewRepository(postgres.NewUnitOfWork(db, writer, listener, opts...))
+}
+
+// consumerRun is a running consumer of the benchmark's handler: lanes in
+// parallel, each in order, behind the framework's whole chain. It records
+// in a tracker when each event was handled: after its transaction
+// committed, before its ack.
+type consumerRun struct {
+	c      *consumer.Consumer
 	cancel context.CancelFunc
 	done   chan error
 }
 
 // startConsumer starts consuming the lane queues of names into the
 // settlement tables of db.
-func startConsumer(ctx context.Context, db *sqlx.DB, amqpURL string, names services.Names, spec consumerSpec, tr *tracker, logger *slog.Logger) (*consumer, error) {
+func startConsumer(ctx context.Context, db *sqlx.DB, amqpURL string, names module.Names, spec consumerSpec, tr *tracker, logger *slog.Logger) (*consumerRun, error) {
 	consumerMetrics, err := metrics.NewConsumer(prometheus.NewRegistry())
 	if err != nil {
 		return nil, err
 	}
-	lanes := settlement.Lanes{
-		DB:          db,
-		Names:       names,
-		Metrics:     consumerMetrics.Handler(settle.HandlerName),
+	h := settleHandler()
+	cfg := consumer.Config{
+		DB: db, Registry: benchRegistry(), AMQPURL: amqpURL, Exchange: names.Exchange(), Queues: names.Queues(h),
+		Kind: spec.Kind, Prefetch: spec.Prefetch,
+		Metrics:     consumerMetrics.Handler(h.Name),
 		OnDuplicate: func(*message.Message) { tr.duplicate() },
 		Logger:      logger,
 	}
 	if spec.Kind == ConsumerBatch {
-		lanes.OnProcessed = func(msg *message.Message) { tr.handle(msg.UUID, time.Now()) }
-		batch, err := lanes.Batched(amqpURL, 0, spec.Prefetch)
-		if err != nil {
-			return nil, err
-		}
-		runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		c := &consumer{cancel: cancel, done: make(chan error, 1)}
-		go func() { c.done <- batch.Run(runCtx) }()
-		select {
-		case <-batch.Ready():
-			return c, nil
-		case err := <-c.done:
-			cancel()
-			return nil, fmt.Errorf("batch consumer stopped at start: %w", err)
-		case <-ctx.Done():
-			return nil, errors.Join(ctx.Err(), c.close())
-		}
+		cfg.OnProcessed = func(msg *message.Message) { tr.handle(msg.UUID, time.Now()) }
+	} else {
+		cfg.Wrap = handledAt(tr)
 	}
-
-	wmLogger := watermill.NewSlogLogger(logger)
-	sub, err := wmamqp.NewSubscriber(rabbitmq.SubscriberConfig(amqpURL, names.Exchange(), spec.Prefetch), wmLogger)
+	c, err := consumer.New(h, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("consumer subscriber: %w", err)
-	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 20 * time.Second}, wmLogger)
-	if err != nil {
-		_ = sub.Close()
-		return nil, fmt.Errorf("consumer router: %w", err)
-	}
-	lanes.Wrap = handledAt(tr)
-	if err := lanes.Add(router, sub); err != nil {
-		_ = sub.Close()
 		return nil, err
 	}
-	c := &consumer{router: router, sub: sub, done: make(chan error, 1)}
-	go func() { c.done <- router.Run(context.WithoutCancel(ctx)) }()
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	run := &consumerRun{c: c, cancel: cancel, done: make(chan error, 1)}
+	go func() { run.done <- c.Run(runCtx) }()
 	select {
-	case <-router.Running():
-		return c, nil
-	case err := <-c.done:
-		_ = sub.Close()
-		return nil, fmt.Errorf("consumer router stopped at start: %w", err)
+	case <-c.Ready():
+		return run, nil
+	case err := <-run.done:
+		cancel()
+		_ = c.Close()
+		return nil, fmt.Errorf("consumer stopped at start: %w", err)
 	case <-ctx.Done():
-		return nil, errors.Join(ctx.Err(), c.close())
+		return nil, errors.Join(ctx.Err(), run.close())
 	}
 }
 
@@ -125,23 +171,16 @@ func handledAt(tr *tracker) message.HandlerMiddleware {
 }
 
 // close stops consuming after the messages in flight.
-func (c *consumer) close() error {
-	var err error
-	if c.router != nil {
-		err = c.router.Close()
-	} else {
-		c.cancel()
-	}
+func (c *consumerRun) close() error {
+	err := c.c.Stop(context.Background())
+	c.cancel()
 	select {
 	case runErr := <-c.done:
 		err = errors.Join(err, runErr)
 	case <-time.After(30 * time.Second):
 		err = errors.Join(err, errors.New("consumer did not stop within 30 s"))
 	}
-	if c.sub != nil {
-		err = errors.Join(err, c.sub.Close())
-	}
-	return err
+	return errors.Join(err, c.c.Close())
 }
 
 // checkIntegrity compares what tr says was committed with the settlement
@@ -196,8 +235,8 @@ func checkIntegrity(ctx context.Context, db *sqlx.DB, variant string, tr *tracke
 }
 
 // mustEntries returns the ledger entries of one bench order.
-func mustEntries() []domain.LedgerEntry {
-	entries, err := domain.SettlementEntries(orderAmount)
+func mustEntries() []settlement.LedgerEntry {
+	entries, err := settlement.SettlementEntries(orderAmount)
 	if err != nil {
 		panic(fmt.Sprintf("settlement entries of the bench amount: %v", err))
 	}

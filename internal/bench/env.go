@@ -12,6 +12,9 @@ import (
 	"sync"
 	"time"
 
+	orderstore "github.com/outboxmill/outboxmill/adapters/orders"
+	settlementstore "github.com/outboxmill/outboxmill/adapters/settlement"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -116,10 +119,13 @@ func (e *env) adminExec(ctx context.Context, sql string) error {
 // outbox, and opens a pool of maxConns on it.
 func (e *env) ordersDatabase(ctx context.Context, purpose string, maxConns int) (*database, *sqlx.DB, error) {
 	return e.migratedDatabase(ctx, purpose, maxConns, func(db *sqlx.DB) error {
-		if err := postgres.Migrate(ctx, db, "orders", postgres.OrdersMigrations()); err != nil {
+		if err := postgres.MigrateFramework(ctx, db); err != nil {
 			return err
 		}
-		return outbox.Initialize(ctx, db, outbox.DefaultConfig())
+		if err := postgres.Migrate(ctx, db, "orders", orderstore.Migrations()); err != nil {
+			return err
+		}
+		return outbox.Initialize(ctx, db, benchOutbox)
 	})
 }
 
@@ -127,7 +133,10 @@ func (e *env) ordersDatabase(ctx context.Context, purpose string, maxConns int) 
 // opens a pool of maxConns on it.
 func (e *env) settlementDatabase(ctx context.Context, purpose string, maxConns int) (*database, *sqlx.DB, error) {
 	return e.migratedDatabase(ctx, purpose, maxConns, func(db *sqlx.DB) error {
-		return postgres.Migrate(ctx, db, "settlement", postgres.SettlementMigrations())
+		if err := postgres.MigrateFramework(ctx, db); err != nil {
+			return err
+		}
+		return postgres.Migrate(ctx, db, "settlement", settlementstore.Migrations())
 	})
 }
 
@@ -186,10 +195,10 @@ func (e *env) workspace(ctx context.Context, poolSize int) (*workspace, error) {
 
 // reset empties the workspace's tables. No relay or consumer may run.
 func (w *workspace) reset(ctx context.Context) error {
-	if _, err := w.ordersDB.ExecContext(ctx, `TRUNCATE orders, order_idempotency_keys, outbox_set_aside, `+outbox.DefaultConfig().Table()); err != nil {
+	if _, err := w.ordersDB.ExecContext(ctx, `TRUNCATE orders, order_idempotency_keys, outbox_set_aside, `+benchOutbox.Table()); err != nil {
 		return fmt.Errorf("empty the orders tables: %w", err)
 	}
-	if _, err := w.settleDB.ExecContext(ctx, `TRUNCATE settlement_entries, processed_events, set_aside_messages`); err != nil {
+	if _, err := w.settleDB.ExecContext(ctx, `TRUNCATE settlement_entries, processed_events, set_aside_messages, aggregate_versions`); err != nil {
 		return fmt.Errorf("empty the settlement tables: %w", err)
 	}
 	return nil

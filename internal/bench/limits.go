@@ -8,14 +8,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
+	orderstore "github.com/outboxmill/outboxmill/adapters/orders"
+
 	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
-	"github.com/outboxmill/outboxmill/services"
+	"github.com/outboxmill/outboxmill/module"
 )
 
 // Names of the limit figures, which ratios refer to.
@@ -129,11 +130,11 @@ func (r *runner) measureCommitLimits(ctx context.Context) error {
 	if err := w.reset(ctx); err != nil {
 		return err
 	}
-	writer, err := outbox.NewWriter(outbox.DefaultConfig(), watermill.NopLogger{})
+	writer, err := newWriter()
 	if err != nil {
 		return err
 	}
-	measure := func(name string, writers int, repo *postgres.OrderRepository) error {
+	measure := func(name string, writers int, repo *orderstore.Repository) error {
 		units := make([]unitOfWork, writers)
 		for i := range units {
 			units[i] = outboxUnit(repo)
@@ -146,7 +147,7 @@ func (r *runner) measureCommitLimits(ctx context.Context) error {
 		r.progress("limit  %-40s %.0f/s", name, res.Rate())
 		return nil
 	}
-	repo := postgres.NewOrderRepository(w.ordersDB, writer, nil)
+	repo := newRepository(w.ordersDB, writer, nil)
 	for _, n := range r.cfg.CommitWriters {
 		if err := measure(figCommit(n), n, repo); err != nil {
 			return err
@@ -154,7 +155,7 @@ func (r *runner) measureCommitLimits(ctx context.Context) error {
 	}
 	// The baseline of the one round trip, at the most writers.
 	most := slices.Max(r.cfg.CommitWriters)
-	stepwise := postgres.NewOrderRepository(w.ordersDB, writer, nil, postgres.StatementByStatement())
+	stepwise := newRepository(w.ordersDB, writer, nil, postgres.StatementByStatement())
 	return measure(figCommitStepwise(most), most, stepwise)
 }
 
@@ -254,7 +255,7 @@ func (c Config) consumerLimit() string {
 // settle settles the events waiting in the lane queues of names with the
 // consumer spec until tr has every one handled, checks that each has its
 // entries once, and returns how long it took.
-func (r *runner) settle(ctx context.Context, db *sqlx.DB, names services.Names, spec consumerSpec, tr *tracker) (time.Duration, error) {
+func (r *runner) settle(ctx context.Context, db *sqlx.DB, names module.Names, spec consumerSpec, tr *tracker) (time.Duration, error) {
 	start := time.Now()
 	cons, err := startConsumer(ctx, db, r.servers.AMQPURL, names, spec, tr, r.cfg.Logger)
 	if err != nil {
@@ -293,8 +294,8 @@ func (r *runner) measureSettleLimit(ctx context.Context, name, note string, spec
 	if err := w.reset(ctx); err != nil {
 		return err
 	}
-	names := services.Names{Namespace: r.namespace("settle")}
-	_, remove, err := r.declareTopology(ctx, services.Topology(names, rabbitmq.QueueClassic))
+	names := module.Names{Namespace: r.namespace("settle")}
+	_, remove, err := r.declareTopology(ctx, benchTopology(names))
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
 	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -21,7 +20,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/app"
 	"github.com/outboxmill/outboxmill/internal/trace"
-	"github.com/outboxmill/outboxmill/services"
+	"github.com/outboxmill/outboxmill/module"
 )
 
 // Names of the pipeline figures.
@@ -203,9 +202,9 @@ type pipeline struct {
 	v        variant
 	work     *workspace
 	relayDB  *sqlx.DB
-	names    services.Names
+	names    module.Names
 	tr       *tracker
-	cons     *consumer
+	cons     *consumerRun
 	relay    *runningRelay
 	amqpConn *amqp.Connection
 	units    []unitOfWork
@@ -241,8 +240,8 @@ func (r *runner) setUp(ctx context.Context, v variant) (p *pipeline, err error) 
 		return p, err
 	}
 	// The settlement service's topology: an exchange and the lane queues.
-	p.names = services.Names{Namespace: r.namespace("pipe")}
-	_, remove, err := r.declareTopology(ctx, services.Topology(p.names, rabbitmq.QueueClassic))
+	p.names = module.Names{Namespace: r.namespace("pipe")}
+	_, remove, err := r.declareTopology(ctx, benchTopology(p.names))
 	p.onClose(remove)
 	if err != nil {
 		return p, err
@@ -253,7 +252,7 @@ func (r *runner) setUp(ctx context.Context, v variant) (p *pipeline, err error) 
 	}
 	p.onClose(func(context.Context) error { return p.cons.close() })
 
-	writer, err := outbox.NewWriter(outbox.DefaultConfig(), watermill.NopLogger{})
+	writer, err := newWriter()
 	if err != nil {
 		return p, err
 	}
@@ -263,7 +262,7 @@ func (r *runner) setUp(ctx context.Context, v variant) (p *pipeline, err error) 
 			return p, err
 		}
 		p.onClose(func(context.Context) error { return p.amqpConn.Close() })
-		repo := postgres.NewOrderRepository(p.work.ordersDB, writer, nil)
+		repo := newRepository(p.work.ordersDB, writer, nil)
 		for range r.cfg.Producers {
 			ch, err := p.amqpConn.Channel()
 			if err != nil {
@@ -292,7 +291,7 @@ func (r *runner) setUp(ctx context.Context, v variant) (p *pipeline, err error) 
 	if v.kind != "" {
 		listener = wakeListener(RelayWakeUp(rel))
 	}
-	repo := postgres.NewOrderRepository(p.work.ordersDB, writer, listener)
+	repo := newRepository(p.work.ordersDB, writer, listener)
 	for range r.cfg.Producers {
 		p.units = append(p.units, outboxUnit(repo))
 	}
@@ -420,7 +419,7 @@ func (r *runner) inFlightAt(ctx context.Context, p *pipeline) string {
 	if p.v.naive {
 		return ""
 	}
-	box := outbox.DefaultConfig()
+	box := benchOutbox
 	positions, err := outbox.Positions(ctx, p.work.ordersDB, box)
 	if err != nil {
 		return " (" + err.Error() + ")"
@@ -699,11 +698,11 @@ func (r *runner) wakeOnce(ctx context.Context, v variant, mode string) (float64,
 	case wakeNotify:
 		listener = relay.NewNotifier(w.ordersDB, relay.DefaultNotifyChannel, r.cfg.Logger)
 	}
-	writer, err := outbox.NewWriter(outbox.DefaultConfig(), watermill.NopLogger{})
+	writer, err := newWriter()
 	if err != nil {
 		return 0, err
 	}
-	repo := postgres.NewOrderRepository(w.ordersDB, writer, listener)
+	repo := newRepository(w.ordersDB, writer, listener)
 	units := make([]unitOfWork, r.cfg.Producers)
 	for i := range units {
 		units[i] = outboxUnit(repo)
@@ -737,7 +736,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 // relay's stored position is past it. It is a diagnosis for the progress
 // output; errors are reported in its text.
 func (r *runner) locateLost(ctx context.Context, p *pipeline, in Integrity) string {
-	box := outbox.DefaultConfig()
+	box := benchOutbox
 	positions, err := outbox.Positions(ctx, p.work.ordersDB, box)
 	if err != nil {
 		return err.Error()

@@ -7,10 +7,11 @@ import (
 	"sync"
 	"time"
 
+	orderstore "github.com/outboxmill/outboxmill/adapters/orders"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
-	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/internal/trace"
@@ -22,7 +23,7 @@ type unitOfWork func(ctx context.Context) (eventID string, committedAt time.Time
 
 // outboxUnit commits an order and its event in one transaction through the
 // real OrderRepository and outbox.Writer.
-func outboxUnit(repo *postgres.OrderRepository) unitOfWork {
+func outboxUnit(repo *orderstore.Repository) unitOfWork {
 	return func(ctx context.Context) (string, time.Time, error) {
 		order, ev, err := newPaidOrder(time.Now())
 		if err != nil {
@@ -40,7 +41,7 @@ func outboxUnit(repo *postgres.OrderRepository) unitOfWork {
 // mode, and waits for the confirm: a dual write. A publish that fails after
 // the commit loses the event; it is counted in tr.publishErrors and shows up
 // as lost.
-func naiveUnit(repo *postgres.OrderRepository, ch *amqp.Channel, exchange string, tr *tracker) unitOfWork {
+func naiveUnit(repo *orderstore.Repository, ch *amqp.Channel, exchange string, tr *tracker) unitOfWork {
 	return func(ctx context.Context) (string, time.Time, error) {
 		order, ev, err := newPaidOrder(time.Now())
 		if err != nil {

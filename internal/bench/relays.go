@@ -118,7 +118,7 @@ func variants(cfg Config) []variant {
 			kind:        kind,
 			build: func(db *sqlx.DB, exchange string, o buildOptions) (relay.Relay, error) {
 				return relay.New(db, kind, relay.Config{
-					Outbox:        outbox.DefaultConfig(),
+					Outbox:        benchOutbox,
 					AMQPURL:       cfg.AMQPURL,
 					Exchange:      exchange,
 					PollInterval:  cmp.Or(o.pollInterval, cfg.RelayPollInterval),
@@ -159,7 +159,7 @@ func newWatermillForwarder(db *sqlx.DB, subConfig wmsql.SubscriberConfig, pubCon
 		_ = sub.Close()
 		return nil, fmt.Errorf("forwarder publisher: %w", err)
 	}
-	fwd, err := forwarder.NewForwarder(sub, pub, wmLogger, forwarder.Config{ForwarderTopic: outbox.DefaultConfig().Topic})
+	fwd, err := forwarder.NewForwarder(sub, pub, wmLogger, forwarder.Config{ForwarderTopic: benchOutbox.Topic})
 	if err != nil {
 		_ = pub.Close()
 		_ = sub.Close()

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	settlementstore "github.com/outboxmill/outboxmill/adapters/settlement"
+
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/internal/stack"
 )
@@ -248,7 +250,7 @@ func TestCheckIntegrity(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	if err := postgres.Migrate(ctx, db, "settlement", postgres.SettlementMigrations()); err != nil {
+	if err := postgres.Migrate(ctx, db, "settlement", settlementstore.Migrations()); err != nil {
 		t.Fatal(err)
 	}
 	settle := func(t *testing.T, eventID string) {

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/outboxmill/outboxmill/domain/orders"
+
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
@@ -28,8 +30,8 @@ const (
 )
 
 // newPaidOrder returns a paid order and the OrderPaid event it raised.
-func newPaidOrder(now time.Time) (*domain.Order, domain.Event, error) {
-	order, _, err := domain.PlaceOrder(domain.NewEventID(), orderCustomer, orderAmount, orderCurrency, now)
+func newPaidOrder(now time.Time) (*orders.Order, domain.Event, error) {
+	order, _, err := orders.PlaceOrder(domain.NewEventID(), orderCustomer, orderAmount, orderCurrency, now)
 	if err != nil {
 		return nil, domain.Event{}, fmt.Errorf("place bench order: %w", err)
 	}
@@ -67,7 +69,7 @@ func newOutboxRow(ev domain.Event) (outboxRow, error) {
 		return outboxRow{}, err
 	}
 	var c capture
-	enveloped := forwarder.NewPublisher(&c, forwarder.PublisherConfig{ForwarderTopic: outbox.DefaultConfig().Topic})
+	enveloped := forwarder.NewPublisher(&c, forwarder.PublisherConfig{ForwarderTopic: benchOutbox.Topic})
 	if err := enveloped.Publish(outbox.RoutingKey(ev.Type, ev.AggregateID), msg); err != nil {
 		return outboxRow{}, fmt.Errorf("envelope event %s: %w", ev.ID, err)
 	}
@@ -89,7 +91,7 @@ func fillBacklog(ctx context.Context, url string, n int) ([]string, error) {
 		return nil, fmt.Errorf("connect to backlog database: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	insert := `INSERT INTO ` + outbox.DefaultConfig().Table() + ` (uuid, payload, metadata, transaction_id)
+	insert := `INSERT INTO ` + benchOutbox.Table() + ` (uuid, payload, metadata, transaction_id)
 		SELECT u, p::json, m::json, pg_current_xact_id()
 		FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS t(u, p, m, i) ORDER BY i`
 	const batch = 2000

@@ -4,7 +4,8 @@ import (
 	"encoding/json"
 	"io"
 
-	"github.com/outboxmill/outboxmill/services"
+	"github.com/outboxmill/outboxmill/module"
+	"github.com/outboxmill/outboxmill/modules"
 )
 
 // writeJSON writes v as indented JSON.
@@ -15,4 +16,10 @@ func writeJSON(w io.Writer, v any) error {
 }
 
 // servicesRoutes are the consumer handlers of the namespace.
-func servicesRoutes(o *options) []services.Route { return services.Routes(o.names()) }
+func servicesRoutes(o *options) []module.Route {
+	routes, err := modules.Samples().Routes(o.names())
+	if err != nil {
+		panic(err) // the sample modules are checked by their tests
+	}
+	return routes
+}

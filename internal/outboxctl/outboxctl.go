@@ -25,7 +25,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/internal/cli"
-	"github.com/outboxmill/outboxmill/services"
+	"github.com/outboxmill/outboxmill/module"
 )
 
 // Exit codes.
@@ -161,7 +161,7 @@ func newFlags(name string, stdout, stderr io.Writer) (*flag.FlagSet, *options) {
 	fs.Var(cli.NewSecretURL(&o.ordersURL), "orders-database-url", "orders database `URL` (env ORDERS_DATABASE_URL, then DATABASE_URL)")
 	fs.Var(cli.NewSecretURL(&o.settlementURL), "settlement-database-url", "settlement database `URL` (env SETTLEMENT_DATABASE_URL, then DATABASE_URL)")
 	fs.Var(cli.NewSecretURL(&o.amqpURL), "amqp-url", "RabbitMQ `URL` with virtual host (env AMQP_URL)")
-	fs.StringVar(&o.namespace, "namespace", cli.Env("OUTBOXMILL_NAMESPACE", services.DefaultNamespace), "prefix of exchange and queue names (env OUTBOXMILL_NAMESPACE)")
+	fs.StringVar(&o.namespace, "namespace", cli.Env("OUTBOXMILL_NAMESPACE", module.DefaultNamespace), "prefix of exchange and queue names (env OUTBOXMILL_NAMESPACE)")
 	fs.BoolVar(&o.json, "json", false, "print JSON instead of tables")
 	o.logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	return fs, o
@@ -198,14 +198,14 @@ func parse(fs *flag.FlagSet, o *options, args []string, nargs int, what string) 
 		}
 		return nil, usagef("%s: want %s", fs.Name(), what)
 	}
-	if err := services.ValidateNamespace(o.namespace); err != nil {
+	if err := module.ValidateNamespace(o.namespace); err != nil {
 		return nil, usagef("--namespace: %v", err)
 	}
 	return positional, nil
 }
 
 // names returns the broker names of the namespace.
-func (o *options) names() services.Names { return services.Names{Namespace: o.namespace} }
+func (o *options) names() module.Names { return module.Names{Namespace: o.namespace} }
 
 // ordersDB opens the orders database.
 func (o *options) ordersDB(ctx context.Context) (*sqlx.DB, error) {
@@ -263,7 +263,7 @@ func explain(err error, which string) error {
 }
 
 // outboxConfig is the outbox the commands work on: the orders service's.
-func outboxConfig() outbox.Config { return outbox.DefaultConfig() }
+func outboxConfig() outbox.Config { return outbox.ForModule("orders") }
 
 // relayGroup is the relay consumer group whose position counts.
 const relayGroup = relay.DefaultConsumerGroup

@@ -151,7 +151,7 @@ func (s *Stack) Close(ctx context.Context) error {
 	if s.SettleDB != s.OrdersDB {
 		errs = append(errs, s.Config.Env.DropDatabase(ctx, s.SettleDB))
 	}
-	if err := s.Config.Env.DeleteBrokerObjects(ctx, s.Namespace); err != nil {
+	if err := DeleteBrokerObjects(ctx, s.Config.Env, s.Namespace); err != nil {
 		errs = append(errs, fmt.Errorf("delete broker objects of %s: %w", s.Namespace, err))
 	}
 	return errors.Join(errs...)

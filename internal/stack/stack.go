@@ -7,12 +7,9 @@ package stack
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,79 +19,25 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
-	"github.com/outboxmill/outboxmill/services"
+	"github.com/outboxmill/outboxmill/internal/testenv"
+	"github.com/outboxmill/outboxmill/module"
+	"github.com/outboxmill/outboxmill/modules"
 )
 
-// Env holds the servers a stack runs against.
-type Env struct {
-	// AdminDatabaseURL is a PostgreSQL URL whose user may create databases;
-	// stacks create their databases beside the one it names.
-	AdminDatabaseURL string
-	// AMQPURL is the RabbitMQ broker (virtual host included).
-	AMQPURL string
-}
+// Env holds the servers a stack runs against (see testenv.Env).
+type Env = testenv.Env
 
-// EnvFromEnvironment reads OUTBOXMILL_ADMIN_DATABASE_URL and AMQP_URL, with
-// defaults for the local services.
-func EnvFromEnvironment() Env {
-	e := Env{
-		AdminDatabaseURL: os.Getenv("OUTBOXMILL_ADMIN_DATABASE_URL"),
-		AMQPURL:          os.Getenv("AMQP_URL"),
-	}
-	if e.AdminDatabaseURL == "" {
-		e.AdminDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-	}
-	if e.AMQPURL == "" {
-		e.AMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
-	}
-	return e
-}
+// EnvFromEnvironment reads the servers from the environment (see
+// testenv.FromEnvironment).
+func EnvFromEnvironment() Env { return testenv.FromEnvironment() }
 
-// UniqueName returns prefix followed by random hex, usable as a database name
-// and a namespace.
-func UniqueName(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return prefix + hex.EncodeToString(b[:])
-}
+// UniqueName returns prefix followed by random hex (see testenv.UniqueName).
+func UniqueName(prefix string) string { return testenv.UniqueName(prefix) }
 
-// DatabaseURL returns the URL of database name on the admin URL's server.
-func (e Env) DatabaseURL(name string) string {
-	u, err := url.Parse(e.AdminDatabaseURL)
-	if err != nil {
-		return e.AdminDatabaseURL
-	}
-	u.Path = "/" + name
-	return u.String()
-}
-
-// CreateDatabase creates the empty database name.
-func (e Env) CreateDatabase(ctx context.Context, name string) error {
-	return e.adminExec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize())
-}
-
-// DropDatabase drops database name, disconnecting its sessions.
-func (e Env) DropDatabase(ctx context.Context, name string) error {
-	return e.adminExec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`)
-}
-
-func (e Env) adminExec(ctx context.Context, sql string) error {
-	conn, err := pgx.Connect(ctx, e.AdminDatabaseURL)
-	if err != nil {
-		return fmt.Errorf("connect as admin: %w", err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		return fmt.Errorf("%s: %w", sql, err)
-	}
-	return nil
-}
-
-// DeleteBrokerObjects deletes the exchange and queues of namespace ns.
-func (e Env) DeleteBrokerObjects(ctx context.Context, ns string) error {
+// DeleteBrokerObjects deletes the exchanges and queues of the sample
+// modules' topology in namespace ns.
+func DeleteBrokerObjects(ctx context.Context, e Env, ns string) error {
 	conn, err := rabbitmq.Dial(ctx, e.AMQPURL)
 	if err != nil {
 		return err
@@ -105,16 +48,26 @@ func (e Env) DeleteBrokerObjects(ctx context.Context, ns string) error {
 		return err
 	}
 	defer ch.Close()
-	names := services.Names{Namespace: ns}
-	for _, q := range services.Topology(names, "").Queues {
+	t, err := Topology(ns)
+	if err != nil {
+		return err
+	}
+	for _, q := range append(t.Queues, rabbitmq.Queue{Name: t.UnroutableQueue}) {
 		if _, err := ch.QueueDelete(q.Name, false, false, false); err != nil {
 			return fmt.Errorf("delete queue %s: %w", q.Name, err)
 		}
 	}
-	if err := ch.ExchangeDelete(names.Exchange(), false, false); err != nil {
-		return fmt.Errorf("delete exchange %s: %w", names.Exchange(), err)
+	for _, x := range []string{t.Exchange, t.AlternateExchange()} {
+		if err := ch.ExchangeDelete(x, false, false); err != nil {
+			return fmt.Errorf("delete exchange %s: %w", x, err)
+		}
 	}
 	return nil
+}
+
+// Topology is the broker topology of the sample modules in namespace ns.
+func Topology(ns string) (rabbitmq.Topology, error) {
+	return modules.Samples().Topology(module.Names{Namespace: ns}, "")
 }
 
 // Build compiles the service commands into dir and returns dir. moduleDir is

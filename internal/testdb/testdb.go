@@ -3,7 +3,7 @@
 // ends. Tests that each use their own database can run in parallel against
 // one shared server.
 //
-// The server is the one internal/stack uses: OUTBOXMILL_ADMIN_DATABASE_URL,
+// The server is testenv's: OUTBOXMILL_ADMIN_DATABASE_URL,
 // by default postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable,
 // whose user may create databases.
 package testdb
@@ -11,18 +11,52 @@ package testdb
 import (
 	"context"
 	"encoding/json"
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/outboxmill/outboxmill/domain"
+	"io/fs"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
+	orderstore "github.com/outboxmill/outboxmill/adapters/orders"
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
-	"github.com/outboxmill/outboxmill/internal/stack"
+	settlementstore "github.com/outboxmill/outboxmill/adapters/settlement"
+	"github.com/outboxmill/outboxmill/domain"
+	"github.com/outboxmill/outboxmill/domain/orders"
+	"github.com/outboxmill/outboxmill/domain/settlement"
+	"github.com/outboxmill/outboxmill/internal/testenv"
 )
+
+// Outbox is the outbox of the databases NewOrders and NewServices make: the
+// orders module's.
+var Outbox = outbox.ForModule("orders")
+
+// SettlementOutbox is the settlement module's outbox, in the databases
+// NewSettlement and NewServices make.
+var SettlementOutbox = outbox.ForModule("settlement")
+
+// Registry returns the registry of the sample modules' events.
+func Registry(t testing.TB) *domain.Registry {
+	t.Helper()
+	reg, err := domain.NewRegistry(slices.Concat(orders.Events, settlement.Events)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
+
+// Writer returns a writer to box checking events against Registry.
+func Writer(t testing.TB, box outbox.Config) *outbox.Writer {
+	t.Helper()
+	w, err := outbox.NewWriter(box, Registry(t), watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
 
 // MaxConns bounds the connection pool of each test database, so that many
 // parallel tests stay far below the server's max_connections.
@@ -42,8 +76,8 @@ type DB struct {
 // and the database dropped when t ends.
 func New(t testing.TB) *DB {
 	t.Helper()
-	env := stack.EnvFromEnvironment()
-	name := stack.UniqueName("obm_test_")
+	env := testenv.FromEnvironment()
+	name := testenv.UniqueName("obm_test_")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := env.CreateDatabase(ctx, name); err != nil {
@@ -65,45 +99,61 @@ func New(t testing.TB) *DB {
 	return &DB{DB: db, Name: name, URL: url}
 }
 
-// NewOrders is New with the orders service's tables: its migrations and the
-// outbox tables of outbox.DefaultConfig.
-func NewOrders(t testing.TB) *DB {
+// NewFramework is New with the framework's own tables (processed_events,
+// set-aside, aggregate versions).
+func NewFramework(t testing.TB) *DB {
 	t.Helper()
 	db := New(t)
+	db.Migrate(t, postgres.FrameworkOwner, postgres.Migrations())
+	return db
+}
+
+// Migrate applies migrations as owner, failing t on error.
+func (db *DB) Migrate(t testing.TB, owner string, migrations fs.FS) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := postgres.Migrate(ctx, db.DB, "orders", postgres.OrdersMigrations()); err != nil {
+	if err := postgres.Migrate(ctx, db.DB, owner, migrations); err != nil {
 		t.Fatalf("migrate test database: %v", err)
 	}
-	if err := outbox.Initialize(ctx, db.DB, outbox.DefaultConfig()); err != nil {
+}
+
+// InitOutbox creates the tables of box, failing t on error.
+func (db *DB) InitOutbox(t testing.TB, box outbox.Config) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := outbox.Initialize(ctx, db.DB, box); err != nil {
 		t.Fatalf("initialize outbox of test database: %v", err)
 	}
+}
+
+// NewOrders is NewFramework with the orders module's tables and outbox.
+func NewOrders(t testing.TB) *DB {
+	t.Helper()
+	db := NewFramework(t)
+	db.Migrate(t, "orders", orderstore.Migrations())
+	db.InitOutbox(t, Outbox)
 	return db
 }
 
-// NewSettlement is New with the settlement service's tables, including
-// processed_events and set_aside_messages.
+// NewSettlement is NewFramework with the settlement module's tables and
+// outbox.
 func NewSettlement(t testing.TB) *DB {
 	t.Helper()
-	db := New(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := postgres.Migrate(ctx, db.DB, "settlement", postgres.SettlementMigrations()); err != nil {
-		t.Fatalf("migrate test database: %v", err)
-	}
+	db := NewFramework(t)
+	db.Migrate(t, "settlement", settlementstore.Migrations())
+	db.InitOutbox(t, SettlementOutbox)
 	return db
 }
 
-// NewServices is New with the tables of both sample services, as when they
+// NewServices is New with the tables of both sample modules, as when they
 // share one database.
 func NewServices(t testing.TB) *DB {
 	t.Helper()
 	db := NewOrders(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := postgres.Migrate(ctx, db.DB, "settlement", postgres.SettlementMigrations()); err != nil {
-		t.Fatalf("migrate test database: %v", err)
-	}
+	db.Migrate(t, "settlement", settlementstore.Migrations())
+	db.InitOutbox(t, SettlementOutbox)
 	return db
 }
 
@@ -138,7 +188,7 @@ type forwarderEnvelope struct {
 }
 
 // OutboxEvents returns the committed rows of the outbox of
-// outbox.DefaultConfig in the order a relay reads them, failing t if a row is
+// testdb.Outbox in the order a relay reads them, failing t if a row is
 // not a well-formed event.
 func (db *DB) OutboxEvents(t testing.TB) []OutboxEvent {
 	t.Helper()
@@ -146,7 +196,7 @@ func (db *DB) OutboxEvents(t testing.TB) []OutboxEvent {
 		Payload []byte `db:"payload"`
 	}
 	if err := db.SelectContext(context.Background(), &rows,
-		`SELECT payload FROM `+outbox.DefaultConfig().Table()+` ORDER BY transaction_id, "offset"`); err != nil {
+		`SELECT payload FROM `+Outbox.Table()+` ORDER BY transaction_id, "offset"`); err != nil {
 		t.Fatalf("read outbox: %v", err)
 	}
 	events := make([]OutboxEvent, 0, len(rows))
@@ -167,10 +217,10 @@ func (db *DB) OutboxEvents(t testing.TB) []OutboxEvent {
 }
 
 // CountOutbox returns the number of rows in the outbox of
-// outbox.DefaultConfig.
+// testdb.Outbox.
 func (db *DB) CountOutbox(t testing.TB) int {
 	t.Helper()
-	return db.Count(t, `SELECT count(*) FROM `+outbox.DefaultConfig().Table())
+	return db.Count(t, `SELECT count(*) FROM `+Outbox.Table())
 }
 
 // Event returns a new OrderPaid event of a new order.
@@ -178,9 +228,9 @@ func Event() domain.Event {
 	orderID := domain.NewEventID()
 	now := time.Now().UTC()
 	return domain.Event{
-		ID: domain.NewEventID(), Type: domain.EventOrderPaid, SchemaVersion: 1,
-		AggregateType: "Order", AggregateID: orderID, AggregateVersion: 2, OccurredAt: now,
-		Payload: domain.OrderPaidPayload{OrderID: orderID, CustomerID: "c-1", Amount: 1000, Currency: "EUR", PaidAt: now},
+		ID: domain.NewEventID(), Type: orders.EventOrderPaid, SchemaVersion: 1,
+		AggregateType: orders.OrderAggregateType, AggregateID: orderID, AggregateVersion: 2, OccurredAt: now,
+		Payload: orders.OrderPaidPayload{OrderID: orderID, CustomerID: "c-1", Amount: 1000, Currency: "EUR", PaidAt: now},
 	}
 }
 
@@ -189,10 +239,7 @@ func Event() domain.Event {
 // returns them in commit order.
 func (d *DB) WriteEvents(t testing.TB, n int) []domain.Event {
 	t.Helper()
-	w, err := outbox.NewWriter(outbox.DefaultConfig(), watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := Writer(t, Outbox)
 	events := make([]domain.Event, n)
 	for i := range events {
 		events[i] = Event()
@@ -216,8 +263,8 @@ func (d *DB) WriteEvents(t testing.TB, n int) []domain.Event {
 func (d *DB) SetRelayPosition(t testing.TB, group, eventID string) {
 	t.Helper()
 	_, err := d.Exec(`
-		INSERT INTO `+outbox.DefaultConfig().OffsetsTable()+` (consumer_group, offset_acked, last_processed_transaction_id)
-		SELECT $1, "offset", transaction_id FROM `+outbox.DefaultConfig().Table()+` WHERE payload::jsonb ->> 'uuid' = $2
+		INSERT INTO `+Outbox.OffsetsTable()+` (consumer_group, offset_acked, last_processed_transaction_id)
+		SELECT $1, "offset", transaction_id FROM `+Outbox.Table()+` WHERE payload::jsonb ->> 'uuid' = $2
 		ON CONFLICT (consumer_group) DO UPDATE
 		SET offset_acked = excluded.offset_acked, last_processed_transaction_id = excluded.last_processed_transaction_id`,
 		group, eventID)
@@ -229,7 +276,7 @@ func (d *DB) SetRelayPosition(t testing.TB, group, eventID string) {
 // Backdate moves the outbox rows of the given events age into the past.
 func (d *DB) Backdate(t testing.TB, age time.Duration, eventIDs ...string) {
 	t.Helper()
-	_, err := d.Exec(`UPDATE `+outbox.DefaultConfig().Table()+` SET created_at = created_at - $1::bigint * interval '1 microsecond'
+	_, err := d.Exec(`UPDATE `+Outbox.Table()+` SET created_at = created_at - $1::bigint * interval '1 microsecond'
 		WHERE payload::jsonb ->> 'uuid' = ANY($2)`, age.Microseconds(), eventIDs)
 	if err != nil {
 		t.Fatalf("backdate outbox rows: %v", err)
@@ -240,7 +287,7 @@ func (d *DB) Backdate(t testing.TB, age time.Duration, eventIDs ...string) {
 func (d *DB) OutboxEventIDs(t testing.TB) []string {
 	t.Helper()
 	var ids []string
-	if err := d.Select(&ids, `SELECT payload::jsonb ->> 'uuid' FROM `+outbox.DefaultConfig().Table()+` ORDER BY transaction_id, "offset"`); err != nil {
+	if err := d.Select(&ids, `SELECT payload::jsonb ->> 'uuid' FROM `+Outbox.Table()+` ORDER BY transaction_id, "offset"`); err != nil {
 		t.Fatal(err)
 	}
 	return ids

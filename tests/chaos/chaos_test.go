@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
+	"github.com/outboxmill/outboxmill/domain/orders"
+
+	"github.com/outboxmill/outboxmill/internal/testdb"
+
 	"github.com/jmoiron/sqlx"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
@@ -533,10 +536,7 @@ func (sc *scenario) openOrdersDB() (*sqlx.DB, *outbox.Writer) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	writer, err := outbox.NewWriter(outbox.DefaultConfig(), watermill.NopLogger{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	writer := testdb.Writer(t, testdb.Outbox)
 	return db, writer
 }
 
@@ -547,7 +547,7 @@ func (sc *scenario) openOrdersDB() (*sqlx.DB, *outbox.Writer) {
 func writeOrder(ctx context.Context, tx *sqlx.Tx, writer *outbox.Writer) ([]domain.Event, error) {
 	now := time.Now()
 	const amount = 4200
-	order, events, err := domain.PlaceOrder(domain.NewEventID(), "c-chaos", amount, "EUR", now)
+	order, events, err := orders.PlaceOrder(domain.NewEventID(), "c-chaos", amount, "EUR", now)
 	if err != nil {
 		return nil, err
 	}
@@ -572,7 +572,7 @@ func (sc *scenario) addCommitted(events []domain.Event, at time.Time) {
 	sc.extraPlaced++
 	for _, ev := range events {
 		sc.extraCommits[eventKey{ev.AggregateID, ev.AggregateVersion}] = at
-		if ev.Type == domain.EventOrderPaid {
+		if ev.Type == orders.EventOrderPaid {
 			sc.extraPaid++
 		}
 	}

@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/outboxmill/outboxmill/domain/orders"
+
+	"github.com/outboxmill/outboxmill/internal/testdb"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
-	"github.com/outboxmill/outboxmill/domain"
 )
 
 // deadLetterTTL is how long a message waits in the test's delay queue
@@ -34,7 +37,7 @@ func (sc *scenario) relayThroughDeadLetterRoute() string {
 		t.Fatal(err)
 	}
 	defer db.Close(ctx)
-	rows, err := db.Query(ctx, `SELECT payload FROM `+outbox.DefaultConfig().Table()+` ORDER BY transaction_id, "offset"`)
+	rows, err := db.Query(ctx, `SELECT payload FROM `+testdb.Outbox.Table()+` ORDER BY transaction_id, "offset"`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +109,7 @@ func (sc *scenario) relayThroughDeadLetterRoute() string {
 
 	twice := ""
 	for _, env := range envs {
-		if twice == "" && env.Metadata[outbox.MetaEventType] == domain.EventOrderPaid {
+		if twice == "" && env.Metadata[outbox.MetaEventType] == orders.EventOrderPaid {
 			twice = env.UUID
 			envs = append(envs, env)
 		}

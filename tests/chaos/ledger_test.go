@@ -9,12 +9,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxmill/outboxmill/domain/orders"
+
+	"github.com/outboxmill/outboxmill/internal/testdb"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
-	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/internal/stack"
-	"github.com/outboxmill/outboxmill/services"
+	"github.com/outboxmill/outboxmill/module"
 )
 
 // ledger is the integrity ledger of one scenario.
@@ -165,7 +168,7 @@ func readCommitted(ctx context.Context, s *stack.Stack) ([]committedEvent, error
 		SELECT payload->>'uuid', payload->'metadata'->>'`+outbox.MetaEventType+`',
 		       payload->'metadata'->>'`+outbox.MetaAggregateID+`',
 		       payload->'metadata'->>'`+outbox.MetaAggregateVersion+`'
-		FROM `+outbox.DefaultConfig().Table())
+		FROM `+testdb.Outbox.Table())
 	if err != nil {
 		return nil, fmt.Errorf("read outbox: %w", err)
 	}
@@ -289,7 +292,7 @@ func (sc *scenario) note(format string, args ...any) {
 	sc.notes = append(sc.notes, fmt.Sprintf(format, args...))
 }
 
-func (sc *scenario) names() services.Names { return services.Names{Namespace: sc.stack.Namespace} }
+func (sc *scenario) names() module.Names { return module.Names{Namespace: sc.stack.Namespace} }
 
 // settle waits for the traffic to end, then until every committed event has
 // been delivered to the observer and every paid order is settled, and
@@ -421,7 +424,7 @@ func (sc *scenario) account(committed []committedEvent, deliveries []delivery, b
 	isCommitted := make(map[string]bool, len(committed))
 	for _, e := range committed {
 		isCommitted[e.ID] = true
-		if e.Type == domain.EventOrderPaid {
+		if e.Type == orders.EventOrderPaid {
 			l.CommittedPaid++
 		}
 	}

@@ -8,11 +8,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxmill/outboxmill/domain/orders"
+
+	settlementhandlers "github.com/outboxmill/outboxmill/handlers/settlement"
+
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/internal/stack"
-	"github.com/outboxmill/outboxmill/services"
+	"github.com/outboxmill/outboxmill/module"
 )
 
 // delivery is one message the observer received.
@@ -57,18 +61,23 @@ func startObserver(t *testing.T, s *stack.Stack) *observer {
 	}
 	o := &observer{conn: conn, queue: s.Namespace + ".chaos-observer", done: make(chan struct{}), copies: map[string]int{}}
 	t.Cleanup(o.close)
-	exchange := services.Names{Namespace: s.Namespace}.Exchange()
+	exchange := module.Names{Namespace: s.Namespace}.Exchange()
 	if o.ch, err = conn.Channel(); err != nil {
 		t.Fatal(err)
 	}
-	if err := o.ch.ExchangeDeclare(exchange, "topic", true, false, false, false, nil); err != nil {
+	names := module.Names{Namespace: s.Namespace}
+	if err := rabbitmq.Declare(ctx, s.Config.Env.AMQPURL, rabbitmq.Topology{Exchange: exchange, UnroutableQueue: names.Unroutable()}); err != nil {
 		t.Fatalf("declare exchange %s: %v", exchange, err)
 	}
 	if _, err := o.ch.QueueDeclare(o.queue, false, false, true, false, nil); err != nil {
 		t.Fatalf("declare observer queue: %v", err)
 	}
-	if err := o.ch.QueueBind(o.queue, "#", exchange, false, nil); err != nil {
-		t.Fatalf("bind observer queue: %v", err)
+	// The orders module's events only: settlement's SettlementRecorded
+	// belongs to another aggregate and outbox.
+	for _, ev := range orders.Events {
+		if err := o.ch.QueueBind(o.queue, ev.Name+".*", exchange, false, nil); err != nil {
+			t.Fatalf("bind observer queue: %v", err)
+		}
 	}
 	msgs, err := o.ch.Consume(o.queue, "chaos-observer", true, true, false, false, nil)
 	if err != nil {
@@ -153,14 +162,14 @@ func (o *observer) close() {
 // settlementQueues returns the number of ready messages in settlement's
 // lane queues and of their consumers, each summed over the lanes, read with
 // passive declares on a channel of its own.
-func (o *observer) settlementQueues(names services.Names) (ready, consumers int, err error) {
+func (o *observer) settlementQueues(names module.Names) (ready, consumers int, err error) {
 	ch, err := o.conn.Channel()
 	if err != nil {
 		return 0, 0, err
 	}
 	defer ch.Close()
-	for lane := range services.SettlementLanes {
-		queue := names.SettlementQueue(lane)
+	for lane := range settlementhandlers.Lanes {
+		queue := names.Queue(settlementhandlers.HandlerName, lane)
 		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 		if err != nil {
 			return 0, 0, fmt.Errorf("inspect queue %s: %w", queue, err)

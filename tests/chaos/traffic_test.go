@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxmill/outboxmill/domain/orders"
+
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/internal/stack"
 )
@@ -160,7 +162,7 @@ func (tr *traffic) placeAndPay(n int) error {
 		if _, err := tr.client.Do(ctx, http.MethodGet, payBase+"/orders/"+order.ID, nil, nil, &cur); err != nil {
 			return err
 		}
-		if cur.Status != string(domain.StatusPaid) {
+		if cur.Status != string(orders.StatusPaid) {
 			return permanent{fmt.Errorf("pay of order %s refused, and the order is %s", order.ID, cur.Status)}
 		}
 		tr.lostAnswers.Add(1)

@@ -1,0 +1,549 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/outboxmill/outboxmill/adapters/metrics"
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/pgbatch"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/app"
+	"github.com/outboxmill/outboxmill/domain"
+	"github.com/outboxmill/outboxmill/middleware"
+)
+
+// How a consumer reads its lanes (Config.Kind).
+const (
+	// KindBatch handles the deliveries waiting in a lane together, in one
+	// transaction (rabbitmq.BatchConsumer).
+	KindBatch = "batch"
+	// KindRouter runs each lane as a Watermill router handler, a
+	// transaction per message.
+	KindRouter = "router"
+)
+
+// Config is what a handler runs with in a process.
+type Config struct {
+	// DB holds processed_events, the set-aside and version tables and the
+	// handler's own tables. Required.
+	DB *sqlx.DB
+	// Registry decodes the events. Required.
+	Registry *domain.Registry
+	// Outbox writes the events the handler raises, in its transaction:
+	// the outbox of the handler's module. Required if a case raises events.
+	Outbox *outbox.Writer
+	// Listener is told after a commit that wrote events (the in-process
+	// relay).
+	Listener app.CommitListener
+	// AMQPURL is the broker. Required.
+	AMQPURL string
+	// Exchange is the events exchange (for the router's subscriber).
+	Exchange string
+	// Queues are the handler's lane queues, one per lane. Required.
+	Queues []string
+	// Kind is KindBatch (default) or KindRouter.
+	Kind string
+	// MaxBatch bounds a batch (KindBatch); default rabbitmq.DefaultMaxBatch.
+	MaxBatch int
+	// Prefetch bounds the deliveries in flight per lane; default 64.
+	Prefetch int
+	// Retry configures the retries before an event is set aside.
+	Retry middleware.Retry
+	// Metrics receives the handler's results. Required.
+	Metrics *metrics.Handler
+	// Wrap, when set, is the outermost middleware of each lane's chain.
+	Wrap message.HandlerMiddleware
+	// OnDuplicate and OnProcessed, when set, are called for each message
+	// skipped as a duplicate and each processed, after its commit, besides
+	// the metrics.
+	OnDuplicate, OnProcessed func(*message.Message)
+	// CloseTimeout bounds the router's drain on Close; default 20 s.
+	CloseTimeout time.Duration
+	// Logger receives warnings; default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.Kind == "" {
+		c.Kind = KindBatch
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = rabbitmq.DefaultMaxBatch
+	}
+	if c.Prefetch == 0 {
+		c.Prefetch = 64
+	}
+	if c.CloseTimeout == 0 {
+		c.CloseTimeout = 20 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Consumer runs one handler in a process: its lanes, and the release of
+// events held back for their predecessors.
+type Consumer struct {
+	h        Handler
+	cfg      Config
+	cases    map[string]Case
+	dedup    postgres.Dedup
+	guard    postgres.VersionGuard
+	setAside *postgres.SetAsideStore
+	retry    middleware.Retry
+	outcomes sync.Map // *message.Message -> outcome, from its transaction to its commit
+
+	batch      *rabbitmq.BatchConsumer
+	router     *message.Router
+	subscriber *wmamqp.Subscriber
+	release    chan struct{}
+	holding    sync.Mutex
+	held       bool // events may be held: the releaser looks for them
+}
+
+// outcome is what a message's transaction did, told after its commit.
+type outcome struct {
+	stale  bool
+	events int
+}
+
+// New returns the consumer of h with cfg.
+func New(h Handler, cfg Config) (*Consumer, error) {
+	h.setDefaults()
+	cfg.setDefaults()
+	if cfg.Registry == nil {
+		return nil, fmt.Errorf("consumer %s: no registry", h.Name)
+	}
+	if err := h.Validate(cfg.Registry); err != nil {
+		return nil, err
+	}
+	var errs []error
+	if cfg.DB == nil || cfg.Metrics == nil || cfg.AMQPURL == "" {
+		errs = append(errs, fmt.Errorf("consumer %s: needs a database, metrics and a broker URL", h.Name))
+	}
+	if len(cfg.Queues) != h.Lanes {
+		errs = append(errs, fmt.Errorf("consumer %s: %d queues for %d lanes", h.Name, len(cfg.Queues), h.Lanes))
+	}
+	if cfg.Kind != KindBatch && cfg.Kind != KindRouter {
+		errs = append(errs, fmt.Errorf("consumer %s: kind %q is neither %s nor %s", h.Name, cfg.Kind, KindBatch, KindRouter))
+	}
+	if err := cfg.Retry.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	c := &Consumer{
+		h: h, cfg: cfg, cases: map[string]Case{},
+		guard:    postgres.VersionGuard{Handler: h.Name, Ordering: h.Ordering},
+		setAside: postgres.NewSetAsideStore(cfg.DB),
+		retry:    cfg.Retry,
+		release:  make(chan struct{}, 1),
+		held:     true, // until the first look finds none
+	}
+	names, _ := h.EventTypes(cfg.Registry)
+	for i, name := range names {
+		c.cases[name] = h.Cases[i]
+	}
+	if c.retry.OnRetry == nil {
+		c.retry.OnRetry = cfg.Metrics.Retried
+	}
+	c.dedup = postgres.Dedup{DB: cfg.DB, Handler: h.Name, OnDuplicate: c.duplicate, OnProcessed: c.processed}
+	if cfg.Kind == KindBatch {
+		c.batch = &rabbitmq.BatchConsumer{
+			URL:        cfg.AMQPURL,
+			Queues:     cfg.Queues,
+			Dedup:      c.dedup,
+			Handle:     c.handleBatch,
+			Statements: c.queueBatch,
+			Fallback:   c.chain,
+			MaxBatch:   cfg.MaxBatch,
+			Prefetch:   cfg.Prefetch,
+			OnBatch:    cfg.Metrics.Batched,
+			Logger:     cfg.Logger,
+		}
+		if err := c.batch.Validate(); err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
+	wmLogger := watermill.NewSlogLogger(cfg.Logger)
+	var err error
+	if c.subscriber, err = wmamqp.NewSubscriber(rabbitmq.SubscriberConfig(cfg.AMQPURL, cfg.Exchange, cfg.Prefetch), wmLogger); err != nil {
+		return nil, fmt.Errorf("consumer %s: subscriber: %w", h.Name, err)
+	}
+	if c.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, wmLogger); err != nil {
+		return nil, fmt.Errorf("consumer %s: router: %w", h.Name, err)
+	}
+	for lane, queue := range cfg.Queues {
+		c.router.AddConsumerHandler(fmt.Sprintf("%s.%d", h.Name, lane), queue, c.subscriber,
+			func(msg *message.Message) error { _, err := c.chain(queue)(msg); return err })
+	}
+	return c, nil
+}
+
+// Name returns the handler's name.
+func (c *Consumer) Name() string { return c.h.Name }
+
+// Run consumes until ctx ends (KindBatch) or Close is called (KindRouter),
+// and releases held events meanwhile.
+func (c *Consumer) Run(ctx context.Context) error {
+	releaseCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Go(func() { c.releaseHeld(releaseCtx) })
+	defer wg.Wait()
+	if c.batch != nil {
+		return c.batch.Run(ctx)
+	}
+	return c.router.Run(ctx)
+}
+
+// Stop makes a router consumer finish the messages in flight and return;
+// a batch consumer stops when Run's context ends.
+func (c *Consumer) Stop(context.Context) error {
+	if c.router != nil {
+		return c.router.Close()
+	}
+	return nil
+}
+
+// Close releases the router consumer's subscriber.
+func (c *Consumer) Close() error {
+	if c.subscriber != nil {
+		return c.subscriber.Close()
+	}
+	return nil
+}
+
+// Ready is closed once every lane is consumed.
+func (c *Consumer) Ready() <-chan struct{} {
+	if c.batch != nil {
+		return c.batch.Ready()
+	}
+	return c.router.Running()
+}
+
+// chain is the whole chain for one message of queue, outermost first.
+func (c *Consumer) chain(queue string) message.HandlerFunc {
+	var chain []message.HandlerMiddleware
+	if c.cfg.Wrap != nil {
+		chain = append(chain, c.cfg.Wrap)
+	}
+	chain = append(chain,
+		middleware.Observe(c.cfg.Metrics.Finished),
+		middleware.SetAside{
+			Store:   c.setAside,
+			Handler: c.h.Name,
+			Topic:   queue,
+			// A message that failed because the database was unreachable
+			// or its session was lost is redelivered, not set aside.
+			IsTransient: postgres.IsTransient,
+			Logger:      c.cfg.Logger,
+			OnSetAside:  c.setAsideDone,
+		}.Middleware,
+		c.retry.Middleware,
+		middleware.Recoverer,
+		c.dedup.Middleware,
+	)
+	h := c.applyOne
+	for i := len(chain) - 1; i >= 0; i-- {
+		h = chain[i](h)
+	}
+	return h
+}
+
+// decoded is a message decoded for its case.
+type decoded struct {
+	env     outbox.Envelope
+	payload any
+	c       Case
+}
+
+func (d decoded) ref() postgres.AggregateRef {
+	return postgres.AggregateRef{Type: d.env.AggregateType, ID: d.env.AggregateID, Version: d.env.AggregateVersion}
+}
+
+// decode decodes msg into the payload type of its case. Every error is
+// Permanent: an event that does not decode never will.
+func (c *Consumer) decode(msg *message.Message) (decoded, error) {
+	env, err := outbox.Decode(msg)
+	if err != nil {
+		return decoded{}, middleware.Permanent(err)
+	}
+	cs, ok := c.cases[env.EventType]
+	if !ok {
+		return decoded{}, middleware.Permanent(fmt.Errorf("%w: handler %s does not handle %s", domain.ErrUnregisteredEvent, c.h.Name, env.EventType))
+	}
+	payload, err := c.cfg.Registry.Decode(env.EventType, env.SchemaVersion, env.Payload, c.h.StrictDecoding)
+	if err != nil {
+		return decoded{}, middleware.Permanent(fmt.Errorf("event %s: %w", env.EventID, err))
+	}
+	if reflect.TypeOf(payload) != cs.payload {
+		return decoded{}, middleware.Permanent(fmt.Errorf("event %s: payload %T for %v", env.EventID, payload, cs.payload))
+	}
+	return decoded{env: env, payload: payload, c: cs}, nil
+}
+
+// applyOne handles msg inside the transaction Dedup opened for it.
+func (c *Consumer) applyOne(msg *message.Message) ([]*message.Message, error) {
+	c.outcomes.Delete(msg)
+	ctx := msg.Context()
+	tx, ok := postgres.HandlerTx(ctx)
+	if !ok {
+		return nil, errors.New("consumer: no transaction in the message's context")
+	}
+	d, err := c.decode(msg)
+	if err != nil {
+		return nil, err
+	}
+	verdict, err := c.guard.Check(ctx, tx, d.ref())
+	var gap *postgres.GapError
+	if errors.As(err, &gap) {
+		return nil, &middleware.HoldError{
+			AggregateType: gap.AggregateType, AggregateID: gap.AggregateID, AggregateVersion: gap.Got,
+			HeldUntil: time.Now().Add(c.h.HoldFor), Err: gap,
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if verdict == postgres.Stale {
+		c.outcomes.Store(msg, outcome{stale: true})
+		return nil, nil
+	}
+	events, err := d.c.call(ctx, tx, d.env, d.payload)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.writeEvents(ctx, wmsql.TxFromStdSQL(tx.Tx), events); err != nil {
+		return nil, err
+	}
+	c.outcomes.Store(msg, outcome{events: len(events)})
+	return nil, nil
+}
+
+// handleBatch handles the new events of a batch through tx
+// (postgres.BatchHandler). A message that does not decode, or an event that
+// leaves a gap, fails the batch: its messages are then handled one at a
+// time by the chain.
+func (c *Consumer) handleBatch(ctx context.Context, tx *sqlx.Tx, msgs []*message.Message) error {
+	ds, err := c.decodeAll(msgs)
+	if err != nil {
+		return err
+	}
+	refs := make([]postgres.AggregateRef, len(ds))
+	for i, d := range ds {
+		refs[i] = d.ref()
+	}
+	verdicts, err := c.guard.CheckBatch(ctx, tx, refs)
+	if err != nil {
+		return err
+	}
+	var events []domain.Event
+	for i, d := range ds {
+		if verdicts[i] == postgres.Stale {
+			c.outcomes.Store(msgs[i], outcome{stale: true})
+			continue
+		}
+		evs, err := d.c.call(ctx, tx, d.env, d.payload)
+		if err != nil {
+			return err
+		}
+		events = append(events, evs...)
+	}
+	if err := c.writeEvents(ctx, wmsql.TxFromStdSQL(tx.Tx), events); err != nil {
+		return err
+	}
+	c.noteEvents(msgs, len(events))
+	return nil
+}
+
+// queueBatch queues the effects of a batch of new events for one round trip
+// (postgres.BatchStatements): the version guard's statement, each event's
+// statements (through a deferred transaction) and the events raised.
+func (c *Consumer) queueBatch(ctx context.Context, b *pgbatch.Tx, msgs []*message.Message) error {
+	ds, err := c.decodeAll(msgs)
+	if err != nil {
+		return fmt.Errorf("%w: %w", postgres.ErrNotPipelined, err)
+	}
+	refs := make([]postgres.AggregateRef, len(ds))
+	for i, d := range ds {
+		refs[i] = d.ref()
+	}
+	if !c.guard.QueueBatch(b, refs) {
+		return postgres.ErrNotPipelined
+	}
+	tx := postgres.Deferred(b)
+	var events []domain.Event
+	for _, d := range ds {
+		evs, err := d.c.call(ctx, tx, d.env, d.payload)
+		if err != nil {
+			return err
+		}
+		events = append(events, evs...)
+	}
+	if err := c.writeEvents(ctx, b, events); err != nil {
+		return err
+	}
+	c.noteEvents(msgs, len(events))
+	return nil
+}
+
+func (c *Consumer) decodeAll(msgs []*message.Message) ([]decoded, error) {
+	ds := make([]decoded, len(msgs))
+	for i, msg := range msgs {
+		c.outcomes.Delete(msg)
+		d, err := c.decode(msg)
+		if err != nil {
+			return nil, err
+		}
+		ds[i] = d
+	}
+	return ds, nil
+}
+
+// noteEvents records that a batch's transaction wrote n events, so that the
+// listener is told once after its commit.
+func (c *Consumer) noteEvents(msgs []*message.Message, n int) {
+	if n > 0 && len(msgs) > 0 {
+		o, _ := c.outcomes.Load(msgs[0])
+		prev, _ := o.(outcome)
+		c.outcomes.Store(msgs[0], outcome{stale: prev.stale, events: n})
+	}
+}
+
+func (c *Consumer) writeEvents(ctx context.Context, exec wmsql.ContextExecutor, events []domain.Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	if c.cfg.Outbox == nil {
+		return middleware.Permanent(fmt.Errorf("consumer %s: raised %d events but its module has no outbox", c.h.Name, len(events)))
+	}
+	return c.cfg.Outbox.WriteTo(ctx, exec, events)
+}
+
+// processed is Dedup's OnProcessed: after a commit.
+func (c *Consumer) processed(msg *message.Message) {
+	v, _ := c.outcomes.LoadAndDelete(msg)
+	o, _ := v.(outcome)
+	if o.stale {
+		c.duplicate(msg)
+		return
+	}
+	c.cfg.Metrics.Processed(msg)
+	if c.cfg.OnProcessed != nil {
+		c.cfg.OnProcessed(msg)
+	}
+	if o.events > 0 && c.cfg.Listener != nil {
+		c.cfg.Listener.EventsCommitted()
+	}
+	c.wakeReleaser()
+}
+
+func (c *Consumer) duplicate(msg *message.Message) {
+	c.cfg.Metrics.Duplicate(msg)
+	if c.cfg.OnDuplicate != nil {
+		c.cfg.OnDuplicate(msg)
+	}
+}
+
+func (c *Consumer) setAsideDone(m middleware.SetAsideMessage) {
+	if m.Hold != nil {
+		c.holding.Lock()
+		c.held = true
+		c.holding.Unlock()
+		c.cfg.Metrics.Held()
+		c.wakeReleaser()
+		return
+	}
+	c.cfg.Metrics.SetAside(m)
+}
+
+// wakeReleaser makes the releaser look for held events whose predecessor
+// was applied, if events may be held.
+func (c *Consumer) wakeReleaser() {
+	c.holding.Lock()
+	held := c.held
+	c.holding.Unlock()
+	if held {
+		select {
+		case c.release <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// releaseInterval is how often the releaser looks while events are held.
+const releaseInterval = time.Second
+
+// releaseHeld applies held events once their predecessor was applied, until
+// ctx ends. It looks after each commit while events may be held, and every
+// releaseInterval; a look that finds no held event at all stops the looking
+// until the next hold.
+func (c *Consumer) releaseHeld(ctx context.Context) {
+	t := time.NewTicker(releaseInterval)
+	defer t.Stop()
+	for {
+		c.holding.Lock()
+		held := c.held
+		c.holding.Unlock()
+		if held {
+			if any, err := c.releaseOnce(ctx); err != nil {
+				if ctx.Err() == nil {
+					c.cfg.Logger.Warn("consumer: releasing held events failed", "handler", c.h.Name, "error", err)
+				}
+			} else if !any {
+				c.holding.Lock()
+				c.held = false
+				c.holding.Unlock()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.release:
+		case <-t.C:
+		}
+	}
+}
+
+// releaseOnce applies the held events whose predecessor was applied, in
+// version order. anyHeld reports whether events are still held.
+func (c *Consumer) releaseOnce(ctx context.Context) (anyHeld bool, err error) {
+	ready, anyHeld, err := c.setAside.Releasable(ctx, c.h.Name)
+	if err != nil {
+		return true, err
+	}
+	for _, m := range ready {
+		msg := message.NewMessage(m.MessageID, m.Payload)
+		for k, v := range m.Metadata {
+			msg.Metadata.Set(k, v)
+		}
+		msg.SetContext(ctx)
+		// The chain, less set-aside and retry: a failure leaves the event
+		// held, to be tried again at the next look.
+		if _, err := middleware.Recoverer(c.dedup.Middleware(c.applyOne))(msg); err != nil {
+			c.cfg.Logger.Warn("consumer: held event not released", "handler", c.h.Name, "message_id", m.MessageID, "error", err)
+			continue
+		}
+		if err := c.setAside.Delete(ctx, m.ID); err != nil {
+			return true, err
+		}
+		c.cfg.Logger.Info("consumer: held event released", "handler", c.h.Name, "message_id", m.MessageID)
+	}
+	return anyHeld, nil
+}

@@ -1,0 +1,146 @@
+package settlement
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	settlementstore "github.com/outboxmill/outboxmill/adapters/settlement"
+	"github.com/outboxmill/outboxmill/consumer"
+	"github.com/outboxmill/outboxmill/domain"
+	"github.com/outboxmill/outboxmill/domain/orders"
+	"github.com/outboxmill/outboxmill/domain/settlement"
+	"github.com/outboxmill/outboxmill/handlers/httpapi"
+	"github.com/outboxmill/outboxmill/internal/testdb"
+	"github.com/outboxmill/outboxmill/middleware"
+)
+
+// inTx runs fn in a committed transaction of db.
+func inTx(t *testing.T, db *sqlx.DB, fn func(tx *sqlx.Tx) ([]domain.Event, error)) ([]domain.Event, error) {
+	t.Helper()
+	tx, err := db.Beginx()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	events, err := fn(tx)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	return events, nil
+}
+
+func event[T any](orderID string, version int, payload T) consumer.Event[T] {
+	return consumer.Event[T]{ID: domain.NewEventID(), AggregateType: orders.OrderAggregateType, AggregateID: orderID,
+		AggregateVersion: version, SchemaVersion: 1, OccurredAt: time.Now().UTC(), Payload: payload}
+}
+
+// getSettlement returns the status and body of GET /settlements/{id}.
+func getSettlement(t *testing.T, base, orderID string) (int, SettlementJSON) {
+	t.Helper()
+	resp, err := http.Get(base + "/settlements/" + orderID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body SettlementJSON
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode == http.StatusOK {
+		if err := json.Unmarshal(raw, &body); err != nil {
+			t.Fatalf("body %s: %v", raw, err)
+		}
+	}
+	return resp.StatusCode, body
+}
+
+func TestLedgerHandler(t *testing.T) {
+	t.Parallel()
+	db := testdb.NewSettlement(t)
+	ctx := context.Background()
+	srv := httptest.NewServer(httpapi.NewHandler(NewAPI(settlementstore.NewLedger(db.DB), slog.New(slog.NewTextHandler(io.Discard, nil)))))
+	t.Cleanup(srv.Close)
+	reg := testdb.Registry(t)
+	open := func(orderID string, amount int64) {
+		t.Helper()
+		if _, err := inTx(t, db.DB, func(tx *sqlx.Tx) ([]domain.Event, error) {
+			return placed(ctx, tx, event(orderID, 1, orders.OrderPlacedPayload{OrderID: orderID, CustomerID: "c", Amount: amount, Currency: "EUR"}))
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("placed opens a pending settlement; paid settles it and records it", func(t *testing.T) {
+		t.Parallel()
+		id := domain.NewEventID()
+		if status, _ := getSettlement(t, srv.URL, id); status != http.StatusNotFound {
+			t.Fatalf("before OrderPlaced: status %d, want 404", status)
+		}
+		open(id, 1250)
+		if status, body := getSettlement(t, srv.URL, id); status != http.StatusOK || body.Status != "pending" || len(body.Entries) != 0 {
+			t.Fatalf("after OrderPlaced: %d %+v, want a pending settlement without entries", status, body)
+		}
+		events, err := inTx(t, db.DB, func(tx *sqlx.Tx) ([]domain.Event, error) {
+			return paid(ctx, tx, event(id, 2, orders.OrderPaidPayload{OrderID: id, CustomerID: "c", Amount: 1250, Currency: "EUR", PaidAt: time.Now()}))
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(events) != 1 || events[0].Type != settlement.EventSettlementRecorded || events[0].AggregateID != id {
+			t.Fatalf("events %+v, want one SettlementRecorded of the order", events)
+		}
+		if err := reg.Check(events[0]); err != nil {
+			t.Errorf("the registry refuses the event: %v", err)
+		}
+		status, body := getSettlement(t, srv.URL, id)
+		if status != http.StatusOK || body.Status != "settled" || body.Total != 1250 || len(body.Entries) != 2 ||
+			body.Entries[0] != (EntryJSON{Kind: settlement.EntryPlatformFee, Amount: 37}) {
+			t.Fatalf("after OrderPaid: %d %+v, want settled with a fee of 37 and a total of 1250", status, body)
+		}
+	})
+
+	t.Run("cancelled voids a pending settlement, without entries", func(t *testing.T) {
+		t.Parallel()
+		id := domain.NewEventID()
+		open(id, 500)
+		if _, err := inTx(t, db.DB, func(tx *sqlx.Tx) ([]domain.Event, error) {
+			return cancelled(ctx, tx, event(id, 2, orders.OrderCancelledPayload{OrderID: id, CustomerID: "c", Amount: 500, Currency: "EUR"}))
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if status, body := getSettlement(t, srv.URL, id); status != http.StatusOK || body.Status != "voided" || len(body.Entries) != 0 {
+			t.Fatalf("after OrderCancelled: %d %+v, want voided without entries", status, body)
+		}
+	})
+
+	t.Run("paying an order that was never placed fails and appends nothing", func(t *testing.T) {
+		t.Parallel()
+		id := domain.NewEventID()
+		_, err := inTx(t, db.DB, func(tx *sqlx.Tx) ([]domain.Event, error) {
+			return paid(ctx, tx, event(id, 2, orders.OrderPaidPayload{OrderID: id, CustomerID: "c", Amount: 100, Currency: "EUR"}))
+		})
+		if err == nil {
+			t.Fatal("settled an order that was never placed")
+		}
+		if n := db.Count(t, `SELECT count(*) FROM settlement_entries WHERE order_id = $1`, id); n != 0 {
+			t.Errorf("%d entries appended", n)
+		}
+	})
+
+	t.Run("a payload that disagrees with its envelope is permanent", func(t *testing.T) {
+		t.Parallel()
+		_, err := paid(ctx, nil, event("order-a", 2, orders.OrderPaidPayload{OrderID: "order-b", Amount: 100, Currency: "EUR"}))
+		if !middleware.IsPermanent(err) {
+			t.Fatalf("got %v, want a permanent error", err)
+		}
+	})
+}

@@ -1,0 +1,265 @@
+package module
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/consumer"
+	"github.com/outboxmill/outboxmill/domain"
+)
+
+// Module is one slice of an application: its tables, the events it
+// publishes, the handlers it runs and its HTTP routes. A module never wires
+// infrastructure itself: the process that runs it (Run, Main) opens its
+// database, migrates the framework's tables and the module's, runs the relay
+// of its outbox, its handlers behind the whole safe chain, and serves its
+// routes beside the other modules'.
+type Module struct {
+	// Name names the module: its outbox ("<Name>_outbox"), its migration
+	// history ("<Name>_schema_migrations"), its database setting
+	// (-<name>-database-url, env <NAME>_DATABASE_URL). a-z, 0-9 and _,
+	// starting with a letter. Required.
+	Name string
+	// Migrations are the module's own tables' migrations (*.sql, applied
+	// in name order, each once).
+	Migrations fs.FS
+	// Publishes declares the events the module writes to its outbox. A
+	// module that publishes has an outbox and a relay.
+	Publishes []domain.EventType
+	// Consumes declares other modules' events its handlers decode.
+	Consumes []domain.EventType
+	// Handlers are the module's consumer handlers.
+	Handlers []consumer.Handler
+	// Routes, when set, adds the module's HTTP routes to mux, with the
+	// module's runtime (its database, unit of work, logger).
+	Routes func(rt Runtime, mux *http.ServeMux) error
+}
+
+// Runtime is what a module's routes get from the process running it.
+type Runtime struct {
+	// DB is the module's database (a pool shared with the process's other
+	// modules on the same database).
+	DB *sqlx.DB
+	// UnitOfWork commits a change and the events it returns to the module's
+	// outbox; nil when the module publishes nothing.
+	UnitOfWork *postgres.UnitOfWork
+	// Registry holds every event type of the process.
+	Registry *domain.Registry
+	// Metrics registers the module's own metrics beside the framework's.
+	Metrics prometheus.Registerer
+	// Logger receives the module's logs.
+	Logger *slog.Logger
+}
+
+// Outbox returns the module's outbox.
+func (m Module) Outbox() outbox.Config { return outbox.ForModule(m.Name) }
+
+// Validate checks the module's declaration.
+func (m Module) Validate() error {
+	var errs []error
+	if m.Name == "" || m.Name[0] < 'a' || m.Name[0] > 'z' || len(m.Name) > 40 ||
+		strings.IndexFunc(m.Name, func(r rune) bool { return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_') }) >= 0 {
+		errs = append(errs, fmt.Errorf("module name %q: want 1 to 40 of a-z, 0-9 and _, starting with a letter", m.Name))
+	}
+	if m.Name == postgres.FrameworkOwner {
+		errs = append(errs, fmt.Errorf("module name %q is the framework's", m.Name))
+	}
+	if _, err := m.registry(); err != nil {
+		errs = append(errs, fmt.Errorf("module %s: %w", m.Name, err))
+	}
+	return errors.Join(errs...)
+}
+
+func (m Module) registry() (*domain.Registry, error) {
+	return domain.NewRegistry(append(slices.Clone(m.Publishes), m.Consumes...)...)
+}
+
+// Set is every module of an application, whether or not a process runs
+// it: every process declares the whole broker topology up front, so that
+// an event published before its consumer ever ran waits in the consumer's
+// queue.
+type Set []Module
+
+// Validate checks each module and what they must agree on: unique names,
+// unique handler names, every handler's events declared, one declaration
+// per event type.
+func (s Set) Validate() error {
+	var errs []error
+	names, handlers := map[string]bool{}, map[string]string{}
+	for _, m := range s {
+		if err := m.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+		if names[m.Name] {
+			errs = append(errs, fmt.Errorf("module %s listed twice", m.Name))
+		}
+		names[m.Name] = true
+		for _, h := range m.Handlers {
+			if other, ok := handlers[h.Name]; ok {
+				errs = append(errs, fmt.Errorf("handler %s of module %s: the name is taken by module %s", h.Name, m.Name, other))
+			}
+			handlers[h.Name] = m.Name
+		}
+	}
+	reg, err := s.Registry()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	for _, m := range s {
+		for _, h := range m.Handlers {
+			if err := h.Validate(reg); err != nil {
+				errs = append(errs, fmt.Errorf("module %s: %w", m.Name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Registry returns the registry of every event type the modules declare.
+func (s Set) Registry() (*domain.Registry, error) {
+	var types []domain.EventType
+	for _, m := range s {
+		types = append(append(types, m.Publishes...), m.Consumes...)
+	}
+	return domain.NewRegistry(types...)
+}
+
+// Find returns the module named name.
+func (s Set) Find(name string) (Module, bool) {
+	i := slices.IndexFunc(s, func(m Module) bool { return m.Name == name })
+	if i < 0 {
+		return Module{}, false
+	}
+	return s[i], true
+}
+
+// Publisher returns the module that publishes eventType.
+func (s Set) Publisher(eventType string) (Module, bool) {
+	for _, m := range s {
+		if slices.ContainsFunc(m.Publishes, func(t domain.EventType) bool { return t.Name == eventType }) {
+			return m, true
+		}
+	}
+	return Module{}, false
+}
+
+// Names derives the broker object names of one deployment from its
+// namespace, so that several deployments (or tests) can share one virtual
+// host.
+type Names struct {
+	Namespace string
+}
+
+// DefaultNamespace prefixes the broker objects unless configured otherwise.
+const DefaultNamespace = "outboxmill"
+
+// ValidateNamespace checks that ns is usable in exchange and queue names.
+func ValidateNamespace(ns string) error {
+	if ns == "" {
+		return errors.New("empty namespace")
+	}
+	if len(ns) > 100 || strings.IndexFunc(ns, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.')
+	}) >= 0 {
+		return errors.New("namespace may hold at most 100 of a-z, A-Z, 0-9, '-', '_' and '.'")
+	}
+	return nil
+}
+
+// Exchange is the topic exchange all events are published to.
+func (n Names) Exchange() string { return n.Namespace + ".events" }
+
+// Unroutable is the queue that collects events no other queue is bound to
+// (through the events exchange's alternate exchange).
+func (n Names) Unroutable() string { return n.Namespace + ".unroutable" }
+
+// Queue is the queue of lane lane of the handler named handler.
+func (n Names) Queue(handler string, lane int) string {
+	return n.Namespace + "." + handler + "." + strconv.Itoa(lane)
+}
+
+// Queues returns the lane queues of h.
+func (n Names) Queues(h consumer.Handler) []string {
+	lanes := max(h.Lanes, 1)
+	queues := make([]string, lanes)
+	for lane := range queues {
+		queues[lane] = n.Queue(h.Name, lane)
+	}
+	return queues
+}
+
+// Route is one consumer handler of the set: the event types routed to it and
+// the queues it reads them from. Reconcile compares each route's processed
+// events with the outbox of the module publishing them.
+type Route struct {
+	// Module is the handler's module.
+	Module string
+	// Handler is the handler's name.
+	Handler string
+	// EventTypes are the event types routed to the handler.
+	EventTypes []string
+	// Queues are the handler's lane queues. Queue i is bound to the routing
+	// keys of EventTypes for the outbox shards s with s % len(Queues) == i.
+	Queues []string
+}
+
+// Routes lists every consumer handler of the set.
+func (s Set) Routes(n Names) ([]Route, error) {
+	reg, err := s.Registry()
+	if err != nil {
+		return nil, err
+	}
+	var routes []Route
+	for _, m := range s {
+		for _, h := range m.Handlers {
+			types, err := h.EventTypes(reg)
+			if err != nil {
+				return nil, err
+			}
+			routes = append(routes, Route{Module: m.Name, Handler: h.Name, EventTypes: types, Queues: n.Queues(h)})
+		}
+	}
+	return routes, nil
+}
+
+// Topology is the whole broker topology of the set: every handler's lane
+// queues, each with a single active consumer so that several instances share
+// the lanes without reordering them, bound to the routing keys of its
+// events' shards; and the unroutable queue behind the exchange's alternate
+// exchange. queueType is rabbitmq.QueueClassic or QueueQuorum.
+func (s Set) Topology(n Names, queueType string) (rabbitmq.Topology, error) {
+	routes, err := s.Routes(n)
+	if err != nil {
+		return rabbitmq.Topology{}, err
+	}
+	t := rabbitmq.Topology{Exchange: n.Exchange(), UnroutableQueue: n.Unroutable()}
+	for _, r := range routes {
+		for lane, queue := range r.Queues {
+			var keys []string
+			for _, eventType := range r.EventTypes {
+				for shard := lane; shard < outbox.Shards; shard += len(r.Queues) {
+					keys = append(keys, eventType+"."+strconv.Itoa(shard))
+				}
+			}
+			t.Queues = append(t.Queues, rabbitmq.Queue{
+				Name:                 queue,
+				RoutingKeys:          keys,
+				Type:                 queueType,
+				SingleActiveConsumer: true,
+			})
+		}
+	}
+	return t, nil
+}

@@ -1,0 +1,466 @@
+package module
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxmill/outboxmill/adapters/metrics"
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/adapters/relay"
+	"github.com/outboxmill/outboxmill/adapters/retention"
+	"github.com/outboxmill/outboxmill/app"
+	"github.com/outboxmill/outboxmill/consumer"
+	"github.com/outboxmill/outboxmill/domain"
+	"github.com/outboxmill/outboxmill/handlers/httpapi"
+	"github.com/outboxmill/outboxmill/middleware"
+)
+
+// Config configures a process running some modules of a Set.
+type Config struct {
+	// Run names the modules this process runs; the others of the set only
+	// shape the broker topology. Required.
+	Run []string
+	// DatabaseURL is the PostgreSQL database of every module run, unless
+	// DatabaseURLs names another. Modules on the same URL share one pool.
+	DatabaseURL string
+	// DatabaseURLs maps a module's name to its database.
+	DatabaseURLs map[string]string
+	// AMQPURL is the RabbitMQ broker, virtual host included. Required.
+	AMQPURL string
+	// HTTPAddr is the address the process's one HTTP server listens on;
+	// ":0" picks a free port. Default 127.0.0.1:8080.
+	HTTPAddr string
+	// Namespace prefixes the broker objects; default DefaultNamespace.
+	Namespace string
+	// QueueType is the type of the queues declared (rabbitmq.QueueClassic or
+	// QueueQuorum); default classic.
+	QueueType string
+	// Relay runs the relay of each publishing module in this process;
+	// default true.
+	Relay *bool
+	// RelayKind is relay.KindOutboxmill (default) or relay.KindWatermill.
+	RelayKind string
+	// RelayPollInterval is the longest wait between two polls of an empty
+	// outbox; default 1 s.
+	RelayPollInterval time.Duration
+	// RelayNotify sends a PostgreSQL notification after each commit that
+	// wrote events, waking a relay running in another instance, and makes
+	// this process's relays listen for them; default true. A relay in the
+	// same process is woken in-process either way.
+	RelayNotify *bool
+	// Consumer is how handlers read their lanes: consumer.KindBatch
+	// (default) or consumer.KindRouter.
+	Consumer string
+	// MaxBatch bounds the messages of a lane handled in one transaction;
+	// default rabbitmq.DefaultMaxBatch.
+	MaxBatch int
+	// Prefetch bounds the deliveries in flight to each lane; default 64.
+	Prefetch int
+	// Retry configures the handlers' retries before an event is set aside.
+	Retry middleware.Retry
+	// MaxDBConns bounds each database pool; default 16.
+	MaxDBConns int
+	// ShutdownTimeout bounds the drain of in-flight work on shutdown;
+	// default 20 s.
+	ShutdownTimeout time.Duration
+	// StuckAfter is the age past which an unforwarded outbox event is
+	// logged as stuck and counted in outboxmill_outbox_stuck_events;
+	// default outbox.DefaultStuckAfter.
+	StuckAfter time.Duration
+	// Retention is the retention policy of every outbox and dedup table of
+	// the process (its Validate checks the dedup window against the outbox
+	// retention once for all modules).
+	Retention retention.Config
+	// Logger receives the process's logs; default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = "127.0.0.1:8080"
+	}
+	if c.Namespace == "" {
+		c.Namespace = DefaultNamespace
+	}
+	if c.QueueType == "" {
+		c.QueueType = rabbitmq.QueueClassic
+	}
+	if c.Relay == nil {
+		on := true
+		c.Relay = &on
+	}
+	if c.RelayKind == "" {
+		c.RelayKind = relay.KindOutboxmill
+	}
+	if c.RelayNotify == nil {
+		on := true
+		c.RelayNotify = &on
+	}
+	if c.Consumer == "" {
+		c.Consumer = consumer.KindBatch
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = rabbitmq.DefaultMaxBatch
+	}
+	if c.Prefetch == 0 {
+		c.Prefetch = 64
+	}
+	if c.MaxDBConns == 0 {
+		c.MaxDBConns = 16
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 20 * time.Second
+	}
+	if c.StuckAfter == 0 {
+		c.StuckAfter = outbox.DefaultStuckAfter
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Validate checks the configuration, after defaults are applied, against
+// the set.
+func (c Config) Validate(set Set) error {
+	c.setDefaults()
+	var errs []error
+	if err := set.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(c.Run) == 0 {
+		errs = append(errs, errors.New("no module to run"))
+	}
+	for _, name := range c.Run {
+		if _, ok := set.Find(name); !ok {
+			errs = append(errs, fmt.Errorf("unknown module %q (have %s)", name, strings.Join(set.names(), ", ")))
+		}
+		if c.databaseURL(name) == "" {
+			errs = append(errs, fmt.Errorf("module %s: empty database URL", name))
+		}
+	}
+	for name := range c.DatabaseURLs {
+		if _, ok := set.Find(name); !ok {
+			errs = append(errs, fmt.Errorf("database URL for unknown module %q", name))
+		}
+	}
+	if c.AMQPURL == "" {
+		errs = append(errs, errors.New("empty AMQP URL"))
+	}
+	if err := ValidateNamespace(c.Namespace); err != nil {
+		errs = append(errs, err)
+	}
+	if c.QueueType != rabbitmq.QueueClassic && c.QueueType != rabbitmq.QueueQuorum {
+		errs = append(errs, fmt.Errorf("queue type %q is neither %s nor %s", c.QueueType, rabbitmq.QueueClassic, rabbitmq.QueueQuorum))
+	}
+	if c.RelayKind != relay.KindOutboxmill && c.RelayKind != relay.KindWatermill {
+		errs = append(errs, fmt.Errorf("relay kind %q is neither %s nor %s", c.RelayKind, relay.KindOutboxmill, relay.KindWatermill))
+	}
+	if c.Consumer != consumer.KindBatch && c.Consumer != consumer.KindRouter {
+		errs = append(errs, fmt.Errorf("consumer %q is neither %s nor %s", c.Consumer, consumer.KindBatch, consumer.KindRouter))
+	}
+	if c.Consumer == consumer.KindBatch && c.MaxBatch > c.Prefetch && c.Prefetch > 0 {
+		errs = append(errs, fmt.Errorf("batches of %d cannot fill with a prefetch of %d", c.MaxBatch, c.Prefetch))
+	}
+	if c.RelayPollInterval < 0 || c.MaxDBConns < 0 || c.ShutdownTimeout < 0 || c.StuckAfter < 0 || c.Prefetch < 0 || c.MaxBatch < 0 {
+		errs = append(errs, errors.New("durations and sizes must not be negative"))
+	}
+	if err := c.Retry.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Retention.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) databaseURL(module string) string {
+	if u := c.DatabaseURLs[module]; u != "" {
+		return u
+	}
+	return c.DatabaseURL
+}
+
+func (s Set) names() []string {
+	names := make([]string, len(s))
+	for i, m := range s {
+		names[i] = m.Name
+	}
+	return names
+}
+
+// Process runs some modules of a set: one HTTP server, one /metrics, one
+// pool per database.
+type Process struct {
+	config     Config
+	set        Set
+	registry   *domain.Registry
+	pools      map[string]*sqlx.DB // by URL
+	components []Component
+	closers    []func() error
+	server     *http.Server
+	listener   net.Listener
+}
+
+// New connects to the databases and the broker, migrates the framework's
+// tables and each module's, declares the whole topology of set, builds the
+// relays, consumers and routes of the modules config.Run names, and listens
+// on HTTPAddr. Run serves.
+func New(ctx context.Context, set Set, config Config) (p *Process, err error) {
+	config.setDefaults()
+	if err := config.Validate(set); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	p = &Process{config: config, set: set, pools: map[string]*sqlx.DB{}}
+	// p is passed, not captured: "return nil, err" sets the named result p
+	// to nil before this runs, and what was opened must still be closed.
+	defer func(p *Process) {
+		if err != nil {
+			p.close()
+		}
+	}(p)
+	if p.registry, err = set.Registry(); err != nil {
+		return nil, err
+	}
+	for _, name := range config.Run {
+		if _, err := p.pool(ctx, config.databaseURL(name)); err != nil {
+			return nil, fmt.Errorf("module %s: %w", name, err)
+		}
+	}
+	names := Names{Namespace: config.Namespace}
+	topology, err := set.Topology(names, config.QueueType)
+	if err != nil {
+		return nil, err
+	}
+	if err := rabbitmq.Declare(ctx, config.AMQPURL, topology); err != nil {
+		return nil, err
+	}
+	reg := metrics.NewRegistry()
+	consumerMetrics, err := metrics.NewConsumer(reg)
+	if err != nil {
+		return nil, err
+	}
+	retentionMetrics, err := metrics.NewRetention(reg)
+	if err != nil {
+		return nil, err
+	}
+	tables := map[*sqlx.DB]*metrics.Database{}
+	var dbOrder []*sqlx.DB
+	mux := http.NewServeMux()
+
+	for _, name := range config.Run {
+		m, _ := set.Find(name)
+		db, err := p.pool(ctx, config.databaseURL(name))
+		if err != nil {
+			return nil, fmt.Errorf("module %s: %w", name, err)
+		}
+		if m.Migrations != nil {
+			if err := postgres.Migrate(ctx, db, m.Name, m.Migrations); err != nil {
+				return nil, err
+			}
+		}
+		if tables[db] == nil {
+			tables[db] = &metrics.Database{DB: db}
+			dbOrder = append(dbOrder, db)
+			purger, err := p.purger(retention.NewDedupPurger(db, p.policy(retentionMetrics)))
+			if err != nil {
+				return nil, err
+			}
+			retentionMetrics.Table(purger.Table())
+		}
+		rt := Runtime{DB: db, Registry: p.registry, Metrics: reg, Logger: config.Logger.With("module", name)}
+		var writer *outbox.Writer
+		var listener app.CommitListener
+		if len(m.Publishes) > 0 {
+			box := m.Outbox()
+			if err := outbox.Initialize(ctx, db, box); err != nil {
+				return nil, err
+			}
+			tables[db].Outboxes = append(tables[db].Outboxes, box)
+			if listener, err = p.relay(db, box, names, topology, reg); err != nil {
+				return nil, fmt.Errorf("module %s: %w", name, err)
+			}
+			if writer, err = outbox.NewWriter(box, p.registry, watermill.NewSlogLogger(config.Logger)); err != nil {
+				return nil, err
+			}
+			rt.UnitOfWork = postgres.NewUnitOfWork(db, writer, listener)
+			p.components = append(p.components, Component{Name: "stuck-event monitor " + box.Topic, Run: outbox.StuckMonitor{
+				DB: db, Outbox: box, ConsumerGroup: relay.DefaultConsumerGroup, After: config.StuckAfter, Logger: config.Logger,
+			}.Run})
+			purger, err := p.purger(retention.NewOutboxPurger(db, box, p.policy(retentionMetrics)))
+			if err != nil {
+				return nil, err
+			}
+			retentionMetrics.Table(purger.Table())
+		}
+		for _, h := range m.Handlers {
+			c, err := consumer.New(h, consumer.Config{
+				DB: db, Registry: p.registry, Outbox: writer, Listener: listener,
+				AMQPURL: config.AMQPURL, Exchange: names.Exchange(), Queues: names.Queues(h),
+				Kind: config.Consumer, MaxBatch: config.MaxBatch, Prefetch: config.Prefetch,
+				Retry: config.Retry, Metrics: consumerMetrics.Handler(h.Name),
+				CloseTimeout: config.ShutdownTimeout, Logger: config.Logger,
+			})
+			if err != nil {
+				return nil, err
+			}
+			p.closers = append(p.closers, c.Close)
+			p.components = append(p.components, Component{Name: "consumer " + h.Name, Run: c.Run, Stop: c.Stop})
+			tables[db].Handlers = append(tables[db].Handlers, h.Name)
+		}
+		if m.Routes != nil {
+			if err := m.Routes(rt, mux); err != nil {
+				return nil, fmt.Errorf("module %s: routes: %w", name, err)
+			}
+		}
+	}
+
+	collector := &metrics.Tables{ConsumerGroup: relay.DefaultConsumerGroup, StuckAfter: config.StuckAfter, Logger: config.Logger}
+	var checks []httpapi.Check
+	for i, db := range dbOrder {
+		collector.Databases = append(collector.Databases, *tables[db])
+		name := "database"
+		if len(dbOrder) > 1 {
+			name = fmt.Sprintf("database %d", i+1)
+		}
+		checks = append(checks, httpapi.Check{Name: name, Check: db.PingContext})
+	}
+	reg.MustRegister(collector)
+	checks = append(checks, httpapi.Check{Name: "broker", Check: func(ctx context.Context) error {
+		conn, err := rabbitmq.Dial(ctx, config.AMQPURL)
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	}})
+
+	p.listener, err = net.Listen("tcp", config.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", config.HTTPAddr, err)
+	}
+	httpapi.Register(mux, httpapi.NewReadiness(5*time.Second, config.Logger, checks...), metrics.NewAPI(reg, config.Logger))
+	p.server = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return p, nil
+}
+
+// pool returns the pool of url, opening and migrating it the first time.
+func (p *Process) pool(ctx context.Context, url string) (*sqlx.DB, error) {
+	if db, ok := p.pools[url]; ok {
+		return db, nil
+	}
+	db, err := postgres.Open(ctx, url, p.config.MaxDBConns)
+	if err != nil {
+		return nil, err
+	}
+	p.pools[url] = db
+	if err := postgres.MigrateFramework(ctx, db); err != nil {
+		return nil, err
+	}
+	return db, nil
+}
+
+func (p *Process) policy(m *metrics.Retention) retention.Config {
+	policy := p.config.Retention
+	policy.Logger, policy.Observe = p.config.Logger, m.Observe
+	return policy
+}
+
+func (p *Process) purger(purger *retention.Purger, err error) (*retention.Purger, error) {
+	if err != nil {
+		return nil, err
+	}
+	p.components = append(p.components, Component{Name: "purger " + purger.Table(), Run: purger.Run})
+	return purger, nil
+}
+
+// relay builds the relay of box, when this process runs relays, and returns
+// what a commit of box must wake: that relay in process, and relays of
+// other instances through a notification.
+func (p *Process) relay(db *sqlx.DB, box outbox.Config, names Names, topology rabbitmq.Topology, reg prometheus.Registerer) (app.CommitListener, error) {
+	c := p.config
+	var listeners app.CommitListeners
+	channel := relay.DefaultNotifyChannel + "_" + box.Topic
+	if *c.Relay {
+		relayMetrics, err := metrics.NewRelay(reg, box.Topic)
+		if err != nil {
+			return nil, err
+		}
+		relayConfig := relay.Config{
+			Outbox:       box,
+			AMQPURL:      c.AMQPURL,
+			Exchange:     names.Exchange(),
+			PollInterval: c.RelayPollInterval,
+			RequireRoute: func(topic string) bool {
+				routed := topology.Routes(topic)
+				if !routed {
+					relayMetrics.Unroutable()
+				}
+				return routed
+			},
+			Logger:  c.Logger,
+			Metrics: relayMetrics,
+		}
+		if *c.RelayNotify {
+			relayConfig.NotifyChannel = channel
+		}
+		r, err := relay.New(db, c.RelayKind, relayConfig)
+		if err != nil {
+			return nil, err
+		}
+		p.closers = append(p.closers, r.Close)
+		p.components = append(p.components, Component{
+			Name: "relay " + box.Topic,
+			Run:  r.Run,
+			Stop: func(context.Context) error { return r.Close() },
+		})
+		if l, ok := r.(app.CommitListener); ok {
+			listeners = append(listeners, l)
+		}
+	}
+	if *c.RelayNotify {
+		listeners = append(listeners, relay.NewNotifier(db, channel, c.Logger))
+	}
+	return listeners, nil
+}
+
+// Addr returns the address the HTTP server listens on.
+func (p *Process) Addr() string { return p.listener.Addr().String() }
+
+// Run serves and runs the relays, consumers and periodic jobs until ctx
+// ends, then drains: the server finishes in-flight requests, consumers
+// their batches, relays the publish in flight, and the connections close in
+// reverse order of opening.
+func (p *Process) Run(ctx context.Context) error {
+	defer p.close()
+	logger := p.config.Logger
+	components := append(slices.Clone(p.components), HTTPComponent(p.server, p.listener))
+	logger.Info("outboxmill service running", "http_addr", p.Addr(), "modules", strings.Join(p.config.Run, ","),
+		"relay", *p.config.Relay, "relay_kind", p.config.RelayKind, "consumer", p.config.Consumer)
+	err := RunComponents(ctx, logger, p.config.ShutdownTimeout, components...)
+	logger.Info("outboxmill service stopped")
+	return err
+}
+
+func (p *Process) close() {
+	for i := len(p.closers) - 1; i >= 0; i-- {
+		_ = p.closers[i]()
+	}
+	if p.listener != nil {
+		_ = p.listener.Close()
+	}
+	for _, db := range p.pools {
+		_ = db.Close()
+	}
+}
