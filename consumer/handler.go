@@ -86,7 +86,10 @@ type Handler struct {
 	// Lanes is how many queues the handler reads in parallel, each in order;
 	// an aggregate's events always go to the same lane. Default 1.
 	Lanes int
-	// Ordering is the version guard's rule; default postgres.Strict.
+	// Ordering is the version guard's rule; default postgres.Strict. The
+	// guard keeps one version per aggregate type and id, so a handler of
+	// several aggregates' events (Order and Settlement, say) orders each
+	// aggregate on its own.
 	Ordering postgres.Ordering
 	// StrictDecoding refuses payload fields the payload type does not have.
 	// By default they are ignored (a tolerant reader), so that a producer

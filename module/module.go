@@ -113,14 +113,20 @@ func (s Set) Validate() error {
 			handlers[h.Name] = m.Name
 		}
 	}
-	reg, err := s.Registry()
-	if err != nil {
+	if _, err := s.Registry(); err != nil {
 		return errors.Join(append(errs, err)...)
 	}
 	for _, m := range s {
+		// Against the module's own declarations: a handler of an event its
+		// module does not list would work beside the event's publisher and
+		// fail in a process without it.
+		own, err := m.registry()
+		if err != nil {
+			continue // reported by m.Validate
+		}
 		for _, h := range m.Handlers {
-			if err := h.Validate(reg); err != nil {
-				errs = append(errs, fmt.Errorf("module %s: %w", m.Name, err))
+			if err := h.Validate(own); err != nil {
+				errs = append(errs, fmt.Errorf("module %s (list consumed events in Consumes): %w", m.Name, err))
 			}
 		}
 	}

@@ -7,5 +7,5 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 require_go
 cd "$ROOT"
 go mod download
-go build -o bin/ ./cmd/orders ./cmd/settlement ./cmd/demo ./cmd/outboxctl
-echo "built bin/orders bin/settlement bin/demo bin/outboxctl"
+go build -o bin/ ./cmd/orders ./cmd/settlement ./cmd/monolith ./cmd/demo ./cmd/outboxctl
+echo "built bin/orders bin/settlement bin/monolith bin/demo bin/outboxctl"

@@ -100,7 +100,7 @@ func (c *Consumer) Handler(name string) *Handler {
 //	rabbitmq.BatchConsumer{OnBatch: h.Batched}
 type Handler struct {
 	processed, duplicate, failed, setAside, held, retries prometheus.Counter
-	lag, batches                                    prometheus.Observer
+	lag, batches                                          prometheus.Observer
 }
 
 // Processed counts a processed message and observes its end-to-end lag

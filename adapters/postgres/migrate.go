@@ -11,8 +11,9 @@ import (
 	"github.com/jmoiron/sqlx"
 )
 
-// Migrate applies the *.sql files of migrations, in name order, that the
-// component named owner has not applied yet. Each file runs in its own
+// Migrate applies the *.sql files at the top of migrations, in name order,
+// that the component named owner has not applied yet; migrations without
+// any is an error (a wrong embed path, most likely). Each file runs in its own
 // transaction together with the row that records it in
 // <owner>_schema_migrations, so a failed file leaves no trace.
 //
@@ -22,6 +23,9 @@ func Migrate(ctx context.Context, db *sqlx.DB, owner string, migrations fs.FS) e
 	names, err := fs.Glob(migrations, "*.sql")
 	if err != nil {
 		return fmt.Errorf("list migrations of %s: %w", owner, err)
+	}
+	if len(names) == 0 {
+		return fmt.Errorf("migrate %s: no *.sql file at the top of its migrations (embed the folder and fs.Sub into it)", owner)
 	}
 	sort.Strings(names)
 

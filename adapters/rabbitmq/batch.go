@@ -12,8 +12,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/outboxmill/outboxmill/internal/trace"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/internal/trace"
 )
 
 // BatchConsumer consumes queues whose messages must be handled in order

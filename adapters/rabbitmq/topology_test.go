@@ -177,6 +177,50 @@ func TestDeclare(t *testing.T) {
 		}
 	})
 
+	t.Run("an event no queue is bound to is kept in the unroutable queue", func(t *testing.T) {
+		t.Parallel()
+		ns := stack.UniqueName("obm_test_")
+		topo := rabbitmq.Topology{
+			Exchange:        ns + ".events",
+			Queues:          []rabbitmq.Queue{{Name: ns + ".paid", RoutingKeys: []string{"OrderPaid.*"}}},
+			UnroutableQueue: ns + ".unroutable",
+		}
+		deleteAtCleanup(t, []string{topo.Exchange, topo.AlternateExchange()}, topo.Queues[0].Name, topo.UnroutableQueue)
+		if err := rabbitmq.Declare(context.Background(), amqpURL(), topo); err != nil {
+			t.Fatal(err)
+		}
+		ch := channel(t)
+		// Mandatory publishes: a message the broker could not route at all
+		// would be returned; one the alternate exchange takes is not.
+		returns := ch.NotifyReturn(make(chan amqp.Return, 2))
+		publish(t, ch, topo.Exchange, "OrderShipped.3", amqp.Publishing{Body: []byte("shipped"), DeliveryMode: amqp.Persistent})
+		publish(t, ch, topo.Exchange, "OrderPaid.3", amqp.Publishing{Body: []byte("paid"), DeliveryMode: amqp.Persistent})
+		if d := get(t, ch, topo.UnroutableQueue); string(d.Body) != "shipped" || d.RoutingKey != "OrderShipped.3" {
+			t.Errorf("unroutable queue delivered %q with key %q, want the shipped event with its routing key", d.Body, d.RoutingKey)
+		}
+		if d := get(t, ch, topo.Queues[0].Name); string(d.Body) != "paid" {
+			t.Errorf("bound queue delivered %q, want paid", d.Body)
+		}
+		if n := queueLen(t, ch, topo.UnroutableQueue); n != 0 {
+			t.Errorf("unroutable queue holds %d more messages: a routed event went there too", n)
+		}
+		select {
+		case r := <-returns:
+			t.Errorf("the broker returned %s: the alternate exchange did not take it", r.RoutingKey)
+		default:
+		}
+		// Declaring again is idempotent; declaring the exchange without its
+		// alternate exchange is refused with an explanation.
+		if err := rabbitmq.Declare(context.Background(), amqpURL(), topo); err != nil {
+			t.Fatalf("declare again: %v", err)
+		}
+		plain := topo
+		plain.UnroutableQueue = ""
+		if err := rabbitmq.Declare(context.Background(), amqpURL(), plain); err == nil || !strings.Contains(err.Error(), "other arguments") {
+			t.Errorf("declaring the exchange without its alternate exchange: %v, want an error naming the cause", err)
+		}
+	})
+
 	t.Run("queue re-declared with other arguments fails", func(t *testing.T) {
 		t.Parallel()
 		ns := stack.UniqueName("obm_test_")

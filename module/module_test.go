@@ -1,0 +1,143 @@
+package module_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/consumer"
+	"github.com/outboxmill/outboxmill/domain"
+	"github.com/outboxmill/outboxmill/module"
+)
+
+type opened struct {
+	Owner string `json:"owner"`
+}
+
+type closed struct {
+	Reason string `json:"reason"`
+}
+
+var (
+	openedType = domain.Declare[opened]("AccountOpened", 1)
+	closedType = domain.Declare[closed]("AccountClosed", 1)
+)
+
+func noop[T any](context.Context, postgres.Tx, consumer.Event[T]) ([]domain.Event, error) {
+	return nil, nil
+}
+
+func accounts() module.Module {
+	return module.Module{Name: "accounts", Publishes: []domain.EventType{openedType, closedType}}
+}
+
+func audit(handlers ...consumer.Handler) module.Module {
+	return module.Module{Name: "audit", Consumes: []domain.EventType{openedType, closedType}, Handlers: handlers}
+}
+
+func TestSet_Validate(t *testing.T) {
+	t.Parallel()
+	h := consumer.Handler{Name: "audit.log", Cases: []consumer.Case{consumer.On(noop[opened])}}
+	for _, tc := range []struct {
+		name string
+		set  module.Set
+		want string // "" for valid
+	}{
+		{"valid", module.Set{accounts(), audit(h)}, ""},
+		{"module listed twice", module.Set{accounts(), accounts()}, "listed twice"},
+		{"bad module name", module.Set{{Name: "Accounts"}}, "module name"},
+		{"the framework's name", module.Set{{Name: "outboxmill"}}, "framework"},
+		{"handler name taken", module.Set{audit(h), {Name: "audit2", Consumes: []domain.EventType{openedType}, Handlers: []consumer.Handler{h}}}, "taken"},
+		{"handler of an undeclared event", module.Set{{Name: "audit", Handlers: []consumer.Handler{h}}}, "not registered"},
+		{"consumed event published in the set but not listed", module.Set{accounts(), {Name: "audit", Handlers: []consumer.Handler{h}}}, "Consumes"},
+		{"one event declared two ways", module.Set{accounts(), {Name: "other", Publishes: []domain.EventType{domain.Declare[opened]("AccountOpened", 2)}}}, "declared twice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			err := tc.set.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("Validate: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("Validate = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestSet_Topology(t *testing.T) {
+	t.Parallel()
+	h := consumer.Handler{Name: "audit.log", Lanes: 4, Cases: []consumer.Case{consumer.On(noop[opened]), consumer.On(noop[closed])}}
+	set := module.Set{accounts(), audit(h)}
+	names := module.Names{Namespace: "ns"}
+	top, err := set.Topology(names, "quorum")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if top.Exchange != "ns.events" || top.UnroutableQueue != "ns.unroutable" || top.AlternateExchange() != "ns.events.unroutable" {
+		t.Errorf("exchange %q, unroutable %q via %q", top.Exchange, top.UnroutableQueue, top.AlternateExchange())
+	}
+	if len(top.Queues) != 4 {
+		t.Fatalf("%d queues, want one per lane", len(top.Queues))
+	}
+	// Every routing key of both event types is bound to exactly one lane,
+	// and every lane queue has a single active consumer.
+	seen := map[string]string{}
+	for i, q := range top.Queues {
+		if q.Name != names.Queue("audit.log", i) || q.Type != "quorum" || !q.SingleActiveConsumer {
+			t.Errorf("queue %d: %+v", i, q)
+		}
+		for _, key := range q.RoutingKeys {
+			if other, dup := seen[key]; dup {
+				t.Errorf("key %s bound to %s and %s", key, other, q.Name)
+			}
+			seen[key] = q.Name
+		}
+	}
+	if len(seen) != 2*16 {
+		t.Errorf("%d routing keys bound, want 2 event types x 16 shards", len(seen))
+	}
+	if !top.Routes("AccountClosed.7") || top.Routes("AccountRenamed.7") {
+		t.Error("Routes disagrees with the bindings")
+	}
+	routes, err := set.Routes(names)
+	if err != nil || len(routes) != 1 || routes[0].Module != "audit" || strings.Join(routes[0].EventTypes, ",") != "AccountOpened,AccountClosed" {
+		t.Fatalf("routes %+v, %v", routes, err)
+	}
+	if p, ok := set.Publisher("AccountClosed"); !ok || p.Name != "accounts" {
+		t.Errorf("publisher of AccountClosed: %q %v", p.Name, ok)
+	}
+}
+
+func TestConfig_Validate(t *testing.T) {
+	t.Parallel()
+	set := module.Set{accounts(), audit()}
+	valid := module.Config{Run: []string{"accounts"}, DatabaseURL: "postgres://x", AMQPURL: "amqp://x"}
+	if err := valid.Validate(set); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(*module.Config)
+		want   string
+	}{
+		{"no module", func(c *module.Config) { c.Run = nil }, "no module to run"},
+		{"unknown module", func(c *module.Config) { c.Run = []string{"billing"} }, `unknown module "billing"`},
+		{"no database", func(c *module.Config) { c.DatabaseURL = "" }, "empty database URL"},
+		{"database of an unknown module", func(c *module.Config) { c.DatabaseURLs = map[string]string{"billing": "x"} }, "unknown module"},
+		{"bad namespace", func(c *module.Config) { c.Namespace = "a b" }, "namespace"},
+		{"bad relay kind", func(c *module.Config) { c.RelayKind = "kafka" }, `relay kind "kafka"`},
+		{"bad consumer", func(c *module.Config) { c.Consumer = "pull" }, `consumer "pull"`},
+		{"batch above prefetch", func(c *module.Config) { c.MaxBatch, c.Prefetch = 100, 10 }, "cannot fill"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := valid
+			tc.change(&c)
+			if err := c.Validate(set); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
