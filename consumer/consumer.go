@@ -111,7 +111,8 @@ type Consumer struct {
 	subscriber *wmamqp.Subscriber
 	release    chan struct{}
 	holding    sync.Mutex
-	held       bool // events may be held: the releaser looks for them
+	held       bool   // events may be held: the releaser looks for them
+	holds      uint64 // holds so far, so that a look cannot clear a newer hold
 }
 
 // outcome is what a message's transaction did, told after its commit.
@@ -189,10 +190,35 @@ func New(h Handler, cfg Config) (*Consumer, error) {
 		return nil, fmt.Errorf("consumer %s: router: %w", h.Name, err)
 	}
 	for lane, queue := range cfg.Queues {
+		chain := c.chain(queue)
 		c.router.AddConsumerHandler(fmt.Sprintf("%s.%d", h.Name, lane), queue, c.subscriber,
-			func(msg *message.Message) error { _, err := c.chain(queue)(msg); return err })
+			func(msg *message.Message) error { return c.untilHandled(msg, chain) })
 	}
 	return c, nil
+}
+
+// untilHandled runs chain on msg until it succeeds or msg's context ends.
+// The chain fails a message only for a failure that is not the message's
+// (the database unreachable): nacking it would let the router hand over
+// the prefetched messages behind it first, out of their lane's order, so
+// the router consumer retries it in place, with backoff, instead.
+func (c *Consumer) untilHandled(msg *message.Message, chain message.HandlerFunc) error {
+	wait := 100 * time.Millisecond
+	for {
+		_, err := chain(msg)
+		if err == nil || msg.Context().Err() != nil {
+			return err
+		}
+		c.cfg.Logger.Warn("consumer: message failed; trying it again in place", "handler", c.h.Name, "message_id", msg.UUID, "backoff", wait, "error", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-msg.Context().Done():
+			t.Stop()
+			return errors.Join(err, msg.Context().Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
 }
 
 // Name returns the handler's name.
@@ -202,10 +228,12 @@ func (c *Consumer) Name() string { return c.h.Name }
 // and releases held events meanwhile.
 func (c *Consumer) Run(ctx context.Context) error {
 	releaseCtx, stop := context.WithCancel(ctx)
-	defer stop()
 	var wg sync.WaitGroup
 	wg.Go(func() { c.releaseHeld(releaseCtx) })
+	// Deferred calls run last first: the releaser is stopped, then waited
+	// for, also when Stop made the router return before ctx ended.
 	defer wg.Wait()
+	defer stop()
 	if c.batch != nil {
 		return c.batch.Run(ctx)
 	}
@@ -325,7 +353,7 @@ func (c *Consumer) applyOne(msg *message.Message) ([]*message.Message, error) {
 		c.outcomes.Store(msg, outcome{stale: true})
 		return nil, nil
 	}
-	events, err := d.c.call(ctx, tx, d.env, d.payload)
+	events, err := d.c.run(ctx, tx, []outbox.Envelope{d.env}, []any{d.payload})
 	if err != nil {
 		return nil, err
 	}
@@ -353,17 +381,17 @@ func (c *Consumer) handleBatch(ctx context.Context, tx *sqlx.Tx, msgs []*message
 	if err != nil {
 		return err
 	}
-	var events []domain.Event
+	var apply []decoded
 	for i, d := range ds {
 		if verdicts[i] == postgres.Stale {
 			c.outcomes.Store(msgs[i], outcome{stale: true})
 			continue
 		}
-		evs, err := d.c.call(ctx, tx, d.env, d.payload)
-		if err != nil {
-			return err
-		}
-		events = append(events, evs...)
+		apply = append(apply, d)
+	}
+	events, err := runAll(ctx, tx, apply)
+	if err != nil {
+		return err
 	}
 	if err := c.writeEvents(ctx, wmsql.TxFromStdSQL(tx.Tx), events); err != nil {
 		return err
@@ -387,20 +415,38 @@ func (c *Consumer) queueBatch(ctx context.Context, b *pgbatch.Tx, msgs []*messag
 	if !c.guard.QueueBatch(b, refs) {
 		return postgres.ErrNotPipelined
 	}
-	tx := postgres.Deferred(b)
-	var events []domain.Event
-	for _, d := range ds {
-		evs, err := d.c.call(ctx, tx, d.env, d.payload)
-		if err != nil {
-			return err
-		}
-		events = append(events, evs...)
+	events, err := runAll(ctx, postgres.Deferred(b), ds)
+	if err != nil {
+		return err
 	}
 	if err := c.writeEvents(ctx, b, events); err != nil {
 		return err
 	}
 	c.noteEvents(msgs, len(events))
 	return nil
+}
+
+// runAll runs the cases of ds through tx, in order, handing each run of
+// consecutive events of one case over in one call.
+func runAll(ctx context.Context, tx postgres.Tx, ds []decoded) ([]domain.Event, error) {
+	var events []domain.Event
+	for start := 0; start < len(ds); {
+		end := start + 1
+		for end < len(ds) && ds[end].c.payload == ds[start].c.payload {
+			end++
+		}
+		envs, payloads := make([]outbox.Envelope, end-start), make([]any, end-start)
+		for i, d := range ds[start:end] {
+			envs[i], payloads[i] = d.env, d.payload
+		}
+		evs, err := ds[start].c.run(ctx, tx, envs, payloads)
+		if err != nil {
+			return nil, err
+		}
+		events = append(events, evs...)
+		start = end
+	}
+	return events, nil
 }
 
 func (c *Consumer) decodeAll(msgs []*message.Message) ([]decoded, error) {
@@ -440,21 +486,29 @@ func (c *Consumer) writeEvents(ctx context.Context, exec wmsql.ContextExecutor, 
 func (c *Consumer) processed(msg *message.Message) {
 	v, _ := c.outcomes.LoadAndDelete(msg)
 	o, _ := v.(outcome)
+	// A batch's events are noted on its first message, which may itself be
+	// stale.
+	if o.events > 0 && c.cfg.Listener != nil {
+		c.cfg.Listener.EventsCommitted()
+	}
 	if o.stale {
-		c.duplicate(msg)
+		c.countDuplicate(msg)
 		return
 	}
 	c.cfg.Metrics.Processed(msg)
 	if c.cfg.OnProcessed != nil {
 		c.cfg.OnProcessed(msg)
 	}
-	if o.events > 0 && c.cfg.Listener != nil {
-		c.cfg.Listener.EventsCommitted()
-	}
 	c.wakeReleaser()
 }
 
+// duplicate is Dedup's OnDuplicate.
 func (c *Consumer) duplicate(msg *message.Message) {
+	c.outcomes.Delete(msg)
+	c.countDuplicate(msg)
+}
+
+func (c *Consumer) countDuplicate(msg *message.Message) {
 	c.cfg.Metrics.Duplicate(msg)
 	if c.cfg.OnDuplicate != nil {
 		c.cfg.OnDuplicate(msg)
@@ -465,6 +519,7 @@ func (c *Consumer) setAsideDone(m middleware.SetAsideMessage) {
 	if m.Hold != nil {
 		c.holding.Lock()
 		c.held = true
+		c.holds++
 		c.holding.Unlock()
 		c.cfg.Metrics.Held()
 		c.wakeReleaser()
@@ -499,7 +554,7 @@ func (c *Consumer) releaseHeld(ctx context.Context) {
 	defer t.Stop()
 	for {
 		c.holding.Lock()
-		held := c.held
+		held, holds := c.held, c.holds
 		c.holding.Unlock()
 		if held {
 			if any, err := c.releaseOnce(ctx); err != nil {
@@ -508,7 +563,8 @@ func (c *Consumer) releaseHeld(ctx context.Context) {
 				}
 			} else if !any {
 				c.holding.Lock()
-				c.held = false
+				// A hold made during the look may not have been seen.
+				c.held = c.holds != holds
 				c.holding.Unlock()
 			}
 		}

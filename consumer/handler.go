@@ -42,24 +42,60 @@ type Event[T any] struct {
 // thus takes the fast path by itself.
 type Func[T any] func(ctx context.Context, tx postgres.Tx, ev Event[T]) ([]domain.Event, error)
 
-// Case is one event type a handler handles, made by On.
+// BatchFunc handles consecutive events of one type of a batch, in their
+// order, through one transaction: the form of Func for handlers that write
+// the effects of many events in one statement. It is called with one event
+// on the one-at-a-time path, so it is still the only function of its case.
+type BatchFunc[T any] func(ctx context.Context, tx postgres.Tx, evs []Event[T]) ([]domain.Event, error)
+
+// Case is one event type a handler handles, made by On or OnBatch.
 type Case struct {
 	payload reflect.Type
-	call    func(ctx context.Context, tx postgres.Tx, env outbox.Envelope, payload any) ([]domain.Event, error)
+	// run handles consecutive events of the case's type.
+	run func(ctx context.Context, tx postgres.Tx, envs []outbox.Envelope, payloads []any) ([]domain.Event, error)
 }
 
-// On handles the events whose payload type is T: the registry of the
-// process names the event type.
+func event[T any](env outbox.Envelope, payload any) Event[T] {
+	return Event[T]{
+		ID: env.EventID, Type: env.EventType, SchemaVersion: env.SchemaVersion,
+		AggregateType: env.AggregateType, AggregateID: env.AggregateID,
+		AggregateVersion: env.AggregateVersion, OccurredAt: env.OccurredAt,
+		Payload: payload.(T),
+	}
+}
+
+// On handles the events whose payload type is T, one call per event: the
+// registry of the process names the event type.
 func On[T any](fn Func[T]) Case {
 	return Case{
 		payload: reflect.TypeFor[T](),
-		call: func(ctx context.Context, tx postgres.Tx, env outbox.Envelope, payload any) ([]domain.Event, error) {
-			return fn(ctx, tx, Event[T]{
-				ID: env.EventID, Type: env.EventType, SchemaVersion: env.SchemaVersion,
-				AggregateType: env.AggregateType, AggregateID: env.AggregateID,
-				AggregateVersion: env.AggregateVersion, OccurredAt: env.OccurredAt,
-				Payload: payload.(T),
-			})
+		run: func(ctx context.Context, tx postgres.Tx, envs []outbox.Envelope, payloads []any) ([]domain.Event, error) {
+			var events []domain.Event
+			for i, env := range envs {
+				evs, err := fn(ctx, tx, event[T](env, payloads[i]))
+				if err != nil {
+					return nil, err
+				}
+				events = append(events, evs...)
+			}
+			return events, nil
+		},
+	}
+}
+
+// OnBatch is On for a BatchFunc: in a batch, each run of consecutive events
+// of type T (between events of other types or ones the version guard
+// skips) is handed over in one call, so that its effects can be written in
+// one statement.
+func OnBatch[T any](fn BatchFunc[T]) Case {
+	return Case{
+		payload: reflect.TypeFor[T](),
+		run: func(ctx context.Context, tx postgres.Tx, envs []outbox.Envelope, payloads []any) ([]domain.Event, error) {
+			evs := make([]Event[T], len(envs))
+			for i, env := range envs {
+				evs[i] = event[T](env, payloads[i])
+			}
+			return fn(ctx, tx, evs)
 		},
 	}
 }
