@@ -16,12 +16,25 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/domain"
+	orderhandlers "github.com/outboxmill/outboxmill/handlers/orders"
+	settlementhandlers "github.com/outboxmill/outboxmill/handlers/settlement"
 	"github.com/outboxmill/outboxmill/internal/outboxctl"
 	"github.com/outboxmill/outboxmill/internal/stack"
+	"github.com/outboxmill/outboxmill/module"
 )
 
-const settleHandler = "settlement.settle_order"
+// settleHandler is the settlement module's ledger handler (OrderPlaced,
+// OrderPaid, OrderCancelled in, SettlementRecorded out); settledHandler is
+// the orders module's handler of SettlementRecorded.
+const (
+	settleHandler  = settlementhandlers.HandlerName
+	settledHandler = orderhandlers.SettledHandlerName
+)
 
 // scrape reads the Prometheus text exposition at base/metrics into a map
 // from series (name and labels, as exposed) to value.
@@ -65,8 +78,10 @@ func metric(t *testing.T, series map[string]float64, key string) float64 {
 	return v
 }
 
-func result(r string) string {
-	return `outboxmill_consumer_messages_total{handler="` + settleHandler + `",result="` + r + `"}`
+func result(r string) string { return handlerResult(settleHandler, r) }
+
+func handlerResult(handler, r string) string {
+	return `outboxmill_consumer_messages_total{handler="` + handler + `",result="` + r + `"}`
 }
 
 const (
@@ -78,6 +93,8 @@ const (
 	lagCount      = `outboxmill_consumer_lag_seconds_count{handler="` + settleHandler + `"}`
 	setAsideGauge = `outboxmill_consumer_set_aside_messages{handler="` + settleHandler + `"}`
 	batchSum      = `outboxmill_consumer_batch_size_sum{handler="` + settleHandler + `"}`
+	// The settlement module's outbox (SettlementRecorded).
+	settlementPublished = `outboxmill_relay_published_total{outbox="settlement_outbox"}`
 )
 
 // waitMetric polls base/metrics until cond holds for the series key.
@@ -143,6 +160,16 @@ func ctlJSON(t *testing.T, s *stack.Stack, want int, out any, args ...string) {
 	}
 }
 
+// statusOutbox returns the outbox of module name in a status.
+func statusOutbox(t *testing.T, st outboxctl.StatusJSON, name string) outboxctl.OutboxStatus {
+	t.Helper()
+	ob, ok := st.Outbox(name)
+	if !ok {
+		t.Fatalf("no outbox of module %s in status %+v", name, st)
+	}
+	return ob
+}
+
 func TestMetrics_MoveWithTraffic(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, stack.Config{OrdersArgs: fastRelay, SettlementArgs: []string{"-max-retries", "1"}})
@@ -196,23 +223,33 @@ func TestMetrics_MoveWithTraffic(t *testing.T) {
 	if v := metric(t, after, stuckEvents); v != 0 {
 		t.Errorf("stuck events = %v, want 0", v)
 	}
-	// Settlement counts the processed events and their lag; the counters
-	// move right after the commit, just before the books show it.
-	waitMetric(t, settlement, result("processed"), 10*time.Second, "processed counted", func(v float64) bool { return v == n })
-	if v := metric(t, scrape(t, settlement), lagCount); v != n {
-		t.Errorf("lag observations = %v, want %d", v, n)
+	// The ledger counts the processed events (each order's OrderPlaced and
+	// OrderPaid) and their lag; the counters move right after the commit,
+	// just before the books show it.
+	waitMetric(t, settlement, result("processed"), 10*time.Second, "processed counted", func(v float64) bool { return v == 2*n })
+	if v := metric(t, scrape(t, settlement), lagCount); v != 2*n {
+		t.Errorf("lag observations = %v, want %d", v, 2*n)
 	}
-	// The batch consumer settled them all in batches that committed.
-	waitMetric(t, settlement, batchSum, 10*time.Second, "batch sizes observed", func(v float64) bool { return v == n })
+	// The batch consumer handled them all in batches that committed.
+	waitMetric(t, settlement, batchSum, 10*time.Second, "batch sizes observed", func(v float64) bool { return v == 2*n })
+	// Settling each paid order published one SettlementRecorded from the
+	// settlement module's outbox, which orders' handler processed.
+	waitMetric(t, settlement, settlementPublished, 10*time.Second, "SettlementRecorded published", func(v float64) bool { return v == n })
+	waitMetric(t, orders, handlerResult(settledHandler, "processed"), 10*time.Second, "SettlementRecorded processed by orders",
+		func(v float64) bool { return v == n })
 
 	t.Run("duplicate", func(t *testing.T) {
+		// An order of its own, placed first: the version guard holds an
+		// OrderPaid back until its OrderPlaced is applied.
 		id, orderID := domain.NewEventID(), domain.NewEventID()
+		publishPlaced(t, s, orderID, 500)
+		waitMetric(t, settlement, result("processed"), 30*time.Second, "placement processed", func(v float64) bool { return v == 2*n+1 })
 		body := paidEvent(id, orderID, 500)
 		publishRaw(t, s, orderID, id, body, nil)
 		publishRaw(t, s, orderID, id, body, nil)
 		waitMetric(t, settlement, result("duplicate"), 30*time.Second, "duplicate counted", func(v float64) bool { return v == 1 })
-		if v := metric(t, scrape(t, settlement), result("processed")); v != n+1 {
-			t.Errorf("processed = %v, want %d", v, n+1)
+		if v := metric(t, scrape(t, settlement), result("processed")); v != 2*n+2 {
+			t.Errorf("processed = %v, want %d", v, 2*n+2)
 		}
 	})
 	t.Run("set aside", func(t *testing.T) {
@@ -318,11 +355,29 @@ func TestOutboxctl_StuckRelayAndPurge(t *testing.T) {
 		}
 		var st outboxctl.StatusJSON
 		ctlJSON(t, s, outboxctl.ExitAttention, &st, "status", "--stuck-after", "1s")
-		if !st.Stuck || st.Outbox.Backlog != 2*n || st.Outbox.Stuck != 2*n || st.Outbox.Position != nil {
+		ob := statusOutbox(t, st, "orders")
+		if !st.Stuck || ob.Backlog != 2*n || ob.Stuck != 2*n || ob.Position != nil || ob.Outbox != "orders_outbox" ||
+			len(ob.StuckEvents) == 0 || ob.StuckEvents[0].EventID != firstEvent {
 			t.Fatalf("status --json = %+v", st)
 		}
+		// Settlement's outbox, in its own database, has nothing to forward:
+		// no order reached settlement.
+		if so := statusOutbox(t, st, "settlement"); so.Backlog != 0 || so.Stuck != 0 || so.Outbox != "settlement_outbox" || so.Database == ob.Database {
+			t.Fatalf("settlement outbox in status --json = %+v", so)
+		}
+		if len(st.Outboxes) != 2 || len(st.Databases) != 2 || len(st.Handlers) != 2 {
+			t.Fatalf("status --json: %d outboxes, %d databases, %d handlers; want 2 each: %+v", len(st.Outboxes), len(st.Databases), len(st.Handlers), st)
+		}
+		for _, h := range st.Handlers {
+			if want := map[string]string{settledHandler: "orders", settleHandler: "settlement"}[h.Handler]; h.Module != want || h.Queued == nil {
+				t.Fatalf("handler in status --json: %+v (module want %q)", h, want)
+			}
+		}
+		if st.UnroutableQueue != s.Namespace+".unroutable" || st.Unroutable == nil || *st.Unroutable != 0 {
+			t.Fatalf("unroutable queue in status --json: %q %v", st.UnroutableQueue, st.Unroutable)
+		}
 		ctlJSON(t, s, outboxctl.ExitOK, &st, "status", "--stuck-after", "1h")
-		if st.Stuck || st.Outbox.Backlog != 2*n {
+		if ob := statusOutbox(t, st, "orders"); st.Stuck || ob.Backlog != 2*n {
 			t.Fatalf("status --stuck-after 1h = %+v, want a backlog but nothing stuck", st)
 		}
 	})
@@ -339,24 +394,28 @@ func TestOutboxctl_StuckRelayAndPurge(t *testing.T) {
 		}
 		return rows
 	}
-	outboxResult := func(results []struct {
-		Table  string `json:"table"`
-		Purged int64  `json:"purged"`
-		Held   int64  `json:"held"`
-	}) (int64, int64) {
+	// Purge covers every outbox of the set and the dedup markers of every
+	// handler database.
+	outboxResult := func(results []outboxctl.PurgeJSON) (int64, int64) {
+		t.Helper()
+		var tables []string
+		var purged, held int64
+		found := false
 		for _, r := range results {
+			tables = append(tables, r.Table+"("+strings.Join(r.Modules, ",")+")")
 			if r.Table == "watermill_orders_outbox" {
-				return r.Purged, r.Held
+				purged, held, found = r.Purged, r.Held, true
 			}
 		}
-		t.Fatalf("no outbox result in %+v", results)
-		return 0, 0
+		if want := "watermill_orders_outbox(orders) watermill_settlement_outbox(settlement) processed_events(orders) processed_events(settlement)"; strings.Join(tables, " ") != want {
+			t.Fatalf("purged tables %v, want %s", tables, want)
+		}
+		if !found {
+			t.Fatalf("no outbox result in %+v", results)
+		}
+		return purged, held
 	}
-	var results []struct {
-		Table  string `json:"table"`
-		Purged int64  `json:"purged"`
-		Held   int64  `json:"held"`
-	}
+	var results []outboxctl.PurgeJSON
 	t.Run("purge keeps unforwarded rows", func(t *testing.T) {
 		ctlJSON(t, s, outboxctl.ExitOK, &results, "purge", "--dry-run")
 		if purged, held := outboxResult(results); purged != 0 || held != 2*n {
@@ -458,8 +517,13 @@ func TestOutboxctl_SetAside(t *testing.T) {
 			list = listSetAside(t, s)
 			return len(list) == 1, nil
 		})
-		if e := list[0]; e.Source != "consumer" || e.Handler != settleHandler || e.Attempts != 2 || !strings.HasPrefix(e.ID, "c") {
+		// Consumer set-aside IDs name the module whose database holds them.
+		if e := list[0]; e.Source != "consumer" || e.Handler != settleHandler || e.Module != "settlement" || e.Attempts != 2 ||
+			!strings.HasPrefix(e.ID, "c") || !strings.HasSuffix(e.ID, "@settlement") || e.Held || e.HeldUntil != nil {
 			t.Fatalf("set-aside entry %+v", e)
+		}
+		if other := listSetAside(t, s, "--module", "orders"); len(other) != 0 {
+			t.Fatalf("set-aside list --module orders: %+v", other)
 		}
 		ctlJSON(t, s, outboxctl.ExitOK, &poison, "set-aside", "show", list[0].ID)
 		if poison.Metadata["aggregate_id"] != poisoned.ID || !strings.Contains(poison.Reason, "poisoned order") || !strings.Contains(poison.PayloadText, poisoned.ID) {
@@ -478,19 +542,28 @@ func TestOutboxctl_SetAside(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("replay: exit %d\n%s\n%s", code, stdout, stderr)
 		}
+		// The settlement exists since the order was placed (pending); the
+		// replayed payment settles it.
+		var got stack.Settlement
 		waitFor(t, 30*time.Second, "poisoned order settled", func() (bool, error) {
-			_, err := c.Settlement(ctx, settlement, poisoned.ID)
+			var err error
+			got, err = c.Settlement(ctx, settlement, poisoned.ID)
+			if err == nil && got.Status != "settled" {
+				err = fmt.Errorf("settlement %s", got.Status)
+			}
 			return err == nil, err
 		})
-		got, err := c.Settlement(ctx, settlement, poisoned.ID)
-		if err != nil || len(got.Entries) != 2 || got.Total != 4200 {
-			t.Fatalf("settlement after replay: %+v, %v", got, err)
+		if len(got.Entries) != 2 || got.Total != 4200 {
+			t.Fatalf("settlement after replay: %+v", got)
 		}
 		if list := listSetAside(t, s); len(list) != 0 {
 			t.Fatalf("set aside after replay: %+v", list)
 		}
 	})
 	t.Run("replay of a processed event has no second effect", func(t *testing.T) {
+		if poison.ID == "" || len(poison.Payload) == 0 {
+			t.Fatal("no set-aside event shown by the subtest list and show")
+		}
 		// Another copy of the same event, set aside meanwhile.
 		meta, err := json.Marshal(poison.Metadata)
 		if err != nil {
@@ -548,8 +621,12 @@ func TestOutboxctl_SetAside(t *testing.T) {
 		placeAndPay(t, c, orders, 1)
 		waitSettled(t, s, n+2, time.Minute)
 		list := listSetAside(t, s, "--handler", "relay")
-		if len(list) != 1 || list[0].Source != "outbox" || list[0].MessageID != "not-an-envelope" {
+		if len(list) != 1 || list[0].Source != "outbox" || list[0].MessageID != "not-an-envelope" ||
+			list[0].Module != "orders" || list[0].Topic != "orders_outbox" || !strings.HasSuffix(list[0].ID, "@orders") {
 			t.Fatalf("outbox set-aside rows: %+v", list)
+		}
+		if byModule := listSetAside(t, s, "--module", "orders"); len(byModule) != 1 || byModule[0].ID != list[0].ID {
+			t.Fatalf("set-aside list --module orders: %+v", byModule)
 		}
 		_, stderr, code := ctl(t, s, "set-aside", "replay", list[0].ID)
 		if code != outboxctl.ExitError || !strings.Contains(stderr, "not a forwarder envelope") {
@@ -566,11 +643,57 @@ func TestOutboxctl_SetAside(t *testing.T) {
 			t.Fatalf("set aside after discard: %+v", again)
 		}
 	})
+	// Last: the order of this subtest is unknown to the orders module, so
+	// the books would no longer add up.
+	t.Run("held", func(t *testing.T) {
+		// An OrderPaid (version 2) before its OrderPlaced: the version guard
+		// holds it back.
+		orderID, paidID := domain.NewEventID(), domain.NewEventID()
+		publishRaw(t, s, orderID, paidID, paidEvent(paidID, orderID, 900), nil)
+		var list []SetAsideEntry
+		waitFor(t, 30*time.Second, "payment held back", func() (bool, error) {
+			list = listSetAside(t, s)
+			return len(list) == 1, nil
+		})
+		e := list[0]
+		if !e.Held || e.HeldUntil == nil || !e.HeldUntil.After(time.Now()) || e.MessageID != paidID || e.AggregateID != orderID ||
+			e.AggregateVersion != 2 || !strings.Contains(e.Reason, "gap: expected version 1, got 2") || !strings.HasSuffix(e.ID, "@settlement") {
+			t.Fatalf("held entry %+v", e)
+		}
+		stdout, _, code := ctl(t, s, "set-aside", "list")
+		if code != 0 || !strings.Contains(stdout, "HELD UNTIL") || !strings.Contains(stdout, e.HeldUntil.Format(time.RFC3339)) ||
+			!strings.Contains(stdout, "gap: expected version 1, got 2") {
+			t.Fatalf("list: exit %d\n%s", code, stdout)
+		}
+		var st outboxctl.StatusJSON
+		ctlJSON(t, s, outboxctl.ExitOK, &st, "status")
+		for _, h := range st.Handlers {
+			if h.Handler == settleHandler && (h.Held != 1 || h.SetAside != 0) {
+				t.Fatalf("status of %s: %+v, want 1 held and none set aside", settleHandler, h)
+			}
+		}
+		// replay --all leaves a held message to its handler.
+		var replayed []outboxctl.ReplayJSON
+		ctlJSON(t, s, outboxctl.ExitOK, &replayed, "set-aside", "replay", "--all")
+		if len(replayed) != 1 || replayed[0].ID != e.ID || replayed[0].Skipped == "" || replayed[0].Error != "" || replayed[0].Result != "" {
+			t.Fatalf("replay --all of a held message: %+v", replayed)
+		}
+		// Its predecessor comes: the handler applies it, and it is gone.
+		publishPlaced(t, s, orderID, 900)
+		waitFor(t, 30*time.Second, "held payment released", func() (bool, error) {
+			list = listSetAside(t, s)
+			return len(list) == 0, fmt.Errorf("set aside: %+v", list)
+		})
+		waitFor(t, 30*time.Second, "released payment settled", func() (bool, error) {
+			got, err := c.Settlement(ctx, settlement, orderID)
+			return err == nil && got.Status == "settled" && got.Total == 900, fmt.Errorf("settlement %+v, %v", got, err)
+		})
+	})
 }
 
 func TestOutboxctl_Reconcile(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, stack.Config{OrdersArgs: fastRelay})
+	s := newStack(t, stack.Config{OrdersArgs: fastRelay, SettlementArgs: fastRelay})
 	ctx := context.Background()
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -579,35 +702,56 @@ func TestOutboxctl_Reconcile(t *testing.T) {
 	placeAndPay(t, stack.NewClient(), s.Orders.URL(), n)
 	waitSettled(t, s, n, time.Minute)
 
-	type report struct {
-		Handlers []struct {
-			Handler                       string
-			Committed, Processed, Missing int64
-		} `json:"handlers"`
-		Missing []struct {
-			EventID string `json:"event_id"`
-			Handler string `json:"handler"`
-			State   string `json:"state"`
-		} `json:"missing"`
+	var r outboxctl.ReconcileJSON
+	handler := func(name string) outboxctl.ReconcileHandler {
+		t.Helper()
+		for _, h := range r.Handlers {
+			if h.Handler == name {
+				return h
+			}
+		}
+		t.Fatalf("no handler %s in %+v", name, r)
+		return outboxctl.ReconcileHandler{}
 	}
-	var r report
 	ctlJSON(t, s, outboxctl.ExitOK, &r, "reconcile", "--older-than", "0s")
-	if len(r.Handlers) != 1 || r.Handlers[0].Committed != n || r.Handlers[0].Processed != n || len(r.Missing) != 0 {
+	// Each handler against the outbox of the module publishing its events:
+	// orders.settled (orders' database) gets one SettlementRecorded per
+	// paid order from settlement's outbox; settlement.ledger (settlement's
+	// database) an OrderPlaced and an OrderPaid per order from orders'.
+	settled, ledger := handler(settledHandler), handler(settleHandler)
+	if len(r.Handlers) != 2 || len(r.Missing) != 0 ||
+		settled.Module != "orders" || strings.Join(settled.Publishers, ",") != "settlement" || settled.Committed != n || settled.Processed != n || settled.Missing != 0 ||
+		ledger.Module != "settlement" || strings.Join(ledger.Publishers, ",") != "orders" || ledger.Committed != 2*n || ledger.Processed != 2*n || ledger.Missing != 0 {
 		t.Fatalf("reconcile of a healthy stack: %+v", r)
 	}
 
-	// Settlement forgets one event.
-	sdb := openDB(t, s.SettlementDatabaseURL())
-	var lost string
-	if err := sdb.QueryRow(ctx, `DELETE FROM processed_events WHERE event_id = (SELECT min(event_id) FROM processed_events) RETURNING event_id`).Scan(&lost); err != nil {
-		t.Fatal(err)
+	// Settlement forgets one event, orders another.
+	forget := func(url string) string {
+		t.Helper()
+		var lost string
+		if err := openDB(t, url).QueryRow(ctx, `DELETE FROM processed_events WHERE event_id = (SELECT min(event_id) FROM processed_events) RETURNING event_id`).Scan(&lost); err != nil {
+			t.Fatal(err)
+		}
+		return lost
 	}
+	lostBySettlement, lostByOrders := forget(s.SettlementDatabaseURL()), forget(s.OrdersDatabaseURL())
 	stdout, stderr, code := ctl(t, s, "reconcile", "--older-than", "0s")
-	if code != outboxctl.ExitAttention || !strings.Contains(stdout, lost) || !strings.Contains(stdout, "MISSING: 1 events") {
+	if code != outboxctl.ExitAttention || !strings.Contains(stdout, lostBySettlement) || !strings.Contains(stdout, lostByOrders) || !strings.Contains(stdout, "MISSING: 2 events") {
 		t.Fatalf("reconcile: exit %d\n%s\n%s", code, stdout, stderr)
 	}
+	r = outboxctl.ReconcileJSON{}
 	ctlJSON(t, s, outboxctl.ExitAttention, &r, "reconcile", "--older-than", "0s")
-	if len(r.Missing) != 1 || r.Missing[0].EventID != lost || r.Missing[0].Handler != settleHandler || r.Missing[0].State != "unprocessed" || r.Handlers[0].Missing != 1 {
+	missing := map[string]outboxctl.ReconcileMissing{}
+	for _, m := range r.Missing {
+		missing[m.Handler] = m
+	}
+	if m := missing[settleHandler]; len(r.Missing) != 2 || m.EventID != lostBySettlement || m.State != "unprocessed" || m.Publisher != "orders" || m.Module != "settlement" {
+		t.Fatalf("reconcile --json, %s: %+v", settleHandler, r)
+	}
+	if m := missing[settledHandler]; m.EventID != lostByOrders || m.State != "unprocessed" || m.Publisher != "settlement" || m.Module != "orders" || m.EventType != "SettlementRecorded" {
+		t.Fatalf("reconcile --json, %s: %+v", settledHandler, r)
+	}
+	if settled, ledger := handler(settledHandler), handler(settleHandler); settled.Missing != 1 || settled.Processed != n-1 || ledger.Missing != 1 || ledger.Processed != 2*n-1 {
 		t.Fatalf("reconcile --json: %+v", r)
 	}
 	// Younger than the threshold: not reported yet.
@@ -642,6 +786,20 @@ func TestOutboxctl_Errors(t *testing.T) {
 		{"unreachable database", []string{"status"}, []string{"ORDERS_DATABASE_URL=" + down}, "orders database: connect to database"},
 		{"unreachable settlement database", []string{"reconcile", "--settlement-database-url", down,
 			"--orders-database-url", env.AdminDatabaseURL}, nil, "settlement database: connect to database"},
+		{"unreachable shared database", []string{"purge", "--database-url", down}, []string{"ORDERS_DATABASE_URL=", "SETTLEMENT_DATABASE_URL="},
+			"orders/settlement database: connect to database"},
+		{"id without module over two databases", []string{"set-aside", "show", "c12", "--orders-database-url", down,
+			"--settlement-database-url", env.AdminDatabaseURL}, nil, `ambiguous set-aside id "c12": the modules are in 2 databases; write c12@<module>`},
+		{"id of an unknown module", []string{"set-aside", "discard", "o3@billing"}, nil, `unknown module "billing" (have orders, settlement)`},
+		{"id with an empty module", []string{"set-aside", "show", "c3@"}, nil, "bad set-aside id"},
+		{"unknown list module", []string{"set-aside", "list", "--module", "billing"}, nil, `--module: unknown module "billing"`},
+		{"handler filter without --all", []string{"set-aside", "replay", "c1@orders", "--module", "orders"}, nil, "apply to --all only"},
+		{"unroutable without action", []string{"unroutable"}, nil, "unroutable needs an action"},
+		{"unknown unroutable action", []string{"unroutable", "drain"}, nil, `unknown unroutable action "drain"`},
+		{"negative limit", []string{"unroutable", "list", "--limit", "-1"}, nil, "--limit must not be negative"},
+		{"unroutable queue missing", []string{"unroutable", "list", "--namespace", "obm-no-such-namespace"}, nil,
+			"queue obm-no-such-namespace.unroutable does not exist"},
+		{"unreachable broker", []string{"unroutable", "replay", "--amqp-url", "amqp://guest:guest@127.0.0.1:1/"}, nil, "connect to broker"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -666,6 +824,191 @@ func TestOutboxctl_Errors(t *testing.T) {
 		out, err := exec.Command(filepath.Join(binDir, "outboxctl"), "help").Output()
 		if err != nil || !strings.Contains(string(out), "usage: outboxctl") {
 			t.Fatalf("help: %v\n%s", err, out)
+		}
+		// One database flag per module of the set, and the default of all.
+		for _, want := range []string{"--database-url", "--orders-database-url", "ORDERS_DATABASE_URL", "--settlement-database-url",
+			"SETTLEMENT_DATABASE_URL", "unroutable list", "unroutable replay", "c<N>@<module>"} {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("help lacks %q:\n%s", want, out)
+			}
+		}
+	})
+}
+
+// TestOutboxctl_Unroutable publishes an event no queue is bound to, which
+// the events exchange's alternate exchange keeps in the unroutable queue;
+// once a queue is bound to its routing key, "unroutable replay" delivers it
+// there exactly once, and an event still without a queue goes back to the
+// unroutable queue, moved once per replay.
+func TestOutboxctl_Unroutable(t *testing.T) {
+	t.Parallel()
+	env := stack.EnvFromEnvironment()
+	ctx := context.Background()
+	ns := stack.UniqueName("obm_unroutable_")
+	names := module.Names{Namespace: ns}
+	late, other := ns+".late", ns+".other"
+	topology := rabbitmq.Topology{
+		Exchange:        names.Exchange(),
+		UnroutableQueue: names.Unroutable(),
+		Queues:          []rabbitmq.Queue{{Name: other, RoutingKeys: []string{"OrderCancelled.*"}}},
+	}
+	conn, err := rabbitmq.Dial(ctx, env.AMQPURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Errorf("clean up: %v", err)
+			return
+		}
+		for _, q := range []string{late, other, names.Unroutable()} {
+			if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+				t.Errorf("delete queue %s: %v", q, err)
+			}
+		}
+		for _, x := range []string{topology.Exchange, topology.AlternateExchange()} {
+			if err := ch.ExchangeDelete(x, false, false); err != nil {
+				t.Errorf("delete exchange %s: %v", x, err)
+			}
+		}
+	})
+	// A topology with the unroutable queue and no queue for OrderPaid.
+	if err := rabbitmq.Declare(ctx, env.AMQPURL, topology); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(key, id string, body []byte) {
+		t.Helper()
+		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, topology.Exchange, key, false, false, amqp.Publishing{
+			Body: body, DeliveryMode: amqp.Persistent, ContentType: "application/json",
+			Headers: amqp.Table{"_watermill_message_uuid": id, "event_type": strings.SplitN(key, ".", 2)[0]},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := conf.WaitContext(ctx); err != nil || !ok {
+			t.Fatalf("publish not confirmed: %v", err)
+		}
+	}
+	depth := func(queue string) int {
+		t.Helper()
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		if err != nil {
+			t.Fatalf("queue %s: %v", queue, err)
+		}
+		return q.Messages
+	}
+	run := func(args ...string) (string, string, int) {
+		t.Helper()
+		cmd := exec.Command(filepath.Join(binDir, "outboxctl"), append(args, "--namespace", ns)...)
+		cmd.Env = append(os.Environ(), "AMQP_URL="+env.AMQPURL)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		var exitErr *exec.ExitError
+		code := 0
+		switch {
+		case errors.As(err, &exitErr):
+			code = exitErr.ExitCode()
+		case err != nil:
+			t.Fatal(err)
+		}
+		return stdout.String(), stderr.String(), code
+	}
+	runJSON := func(out any, args ...string) {
+		t.Helper()
+		stdout, stderr, code := run(append(args, "--json")...)
+		if code != outboxctl.ExitOK {
+			t.Fatalf("outboxctl %v: exit %d\n%s\n%s", args, code, stdout, stderr)
+		}
+		if err := json.Unmarshal([]byte(stdout), out); err != nil {
+			t.Fatalf("outboxctl %v: decode %q: %v", args, stdout, err)
+		}
+	}
+
+	orderID, paidID, strayID := domain.NewEventID(), domain.NewEventID(), domain.NewEventID()
+	paidKey := outbox.RoutingKey("OrderPaid", orderID)
+	body := paidEvent(paidID, orderID, 700)
+	publish(paidKey, paidID, body)
+	publish("Nobody.3", strayID, []byte(`{}`)) // no queue ever takes it
+	waitFor(t, 5*time.Second, "both events in the unroutable queue", func() (bool, error) { return depth(names.Unroutable()) == 2, nil })
+
+	t.Run("list leaves them queued", func(t *testing.T) {
+		for range 2 {
+			var l outboxctl.UnroutableJSON
+			runJSON(&l, "unroutable", "list")
+			if l.Queue != names.Unroutable() || l.Exchange != topology.Exchange || l.Messages != 2 || len(l.Shown) != 2 {
+				t.Fatalf("unroutable list: %+v", l)
+			}
+			// The sample set binds OrderPaid (settlement's ledger), no one
+			// binds Nobody.
+			if m := l.Shown[0]; m.RoutingKey != paidKey || m.MessageID != paidID || m.EventType != "OrderPaid" || m.Bytes != len(body) || !m.RoutedBySet {
+				t.Fatalf("first unroutable message: %+v", m)
+			}
+			if m := l.Shown[1]; m.RoutingKey != "Nobody.3" || m.MessageID != strayID || m.RoutedBySet {
+				t.Fatalf("second unroutable message: %+v", m)
+			}
+		}
+		stdout, _, code := run("unroutable", "list", "--limit", "1")
+		if code != 0 || !strings.Contains(stdout, names.Unroutable()+": 2 events") || !strings.Contains(stdout, paidID) ||
+			strings.Contains(stdout, strayID) || !strings.Contains(stdout, "the first 1 shown") {
+			t.Fatalf("unroutable list --limit 1: exit %d\n%s", code, stdout)
+		}
+		if n := depth(names.Unroutable()); n != 2 {
+			t.Fatalf("%d messages in the unroutable queue after listing, want 2", n)
+		}
+	})
+
+	// A consumer added later: its queue is bound to OrderPaid now.
+	if _, err := ch.QueueDeclare(late, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(late, "OrderPaid.*", topology.Exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("replay delivers to the new queue once", func(t *testing.T) {
+		var r outboxctl.UnroutableReplayJSON
+		runJSON(&r, "unroutable", "replay")
+		if r.Seen != 2 || r.Replayed != 2 || r.Remaining != 1 {
+			t.Fatalf("unroutable replay: %+v, want 2 seen, 2 replayed, 1 left", r)
+		}
+		d, ok, err := ch.Get(late, true)
+		if err != nil || !ok {
+			t.Fatalf("get from %s: %v, %v", late, ok, err)
+		}
+		if d.RoutingKey != paidKey || d.Headers["_watermill_message_uuid"] != paidID || !bytes.Equal(d.Body, body) || d.DeliveryMode != amqp.Persistent {
+			t.Fatalf("replayed message: key %s, headers %v, body %s", d.RoutingKey, d.Headers, d.Body)
+		}
+		if _, ok, err := ch.Get(late, true); err != nil || ok {
+			t.Fatalf("a second message in %s: %v, %v", late, ok, err)
+		}
+		// The event without a queue went back, once.
+		d, ok, err = ch.Get(names.Unroutable(), false)
+		if err != nil || !ok || d.RoutingKey != "Nobody.3" || d.Headers["_watermill_message_uuid"] != strayID {
+			t.Fatalf("unroutable queue after replay: %+v, %v, %v", d, ok, err)
+		}
+		if err := d.Nack(false, true); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("a second replay moves the rest once and delivers nothing twice", func(t *testing.T) {
+		stdout, stderr, code := run("unroutable", "replay")
+		if code != 0 || !strings.Contains(stdout, "replayed 1 of the 1 events") || !strings.Contains(stdout, "1 left in "+names.Unroutable()) {
+			t.Fatalf("unroutable replay: exit %d\n%s\n%s", code, stdout, stderr)
+		}
+		if n := depth(late); n != 0 {
+			t.Fatalf("%d messages in %s after a second replay, want 0", n, late)
+		}
+		if n := depth(names.Unroutable()); n != 1 {
+			t.Fatalf("%d messages in the unroutable queue, want 1", n)
 		}
 	})
 }

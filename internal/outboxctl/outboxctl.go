@@ -1,7 +1,31 @@
 // Package outboxctl implements the outboxctl command, the operator's tool
-// for the outbox: status, set-aside events, purges and reconciliation. It
-// works on the services' databases (and the broker, to replay), never
-// through the services, so it works when they are down.
+// for the outbox: status, set-aside events, purges, reconciliation and the
+// events no queue took. It works on the modules' databases (and the
+// broker), never through the services, so it works when they are down.
+//
+// It works from a module.Set, the same declaration the services run: every
+// module that publishes has its outbox in its own database, every handler
+// its dedup markers and set-aside messages in its module's database.
+// cmd/outboxctl passes the sample modules (modules.Samples()); a team's own
+// command built in this Go module calls the same Main with its own set:
+//
+//	func main() {
+//		ctx, stop := cli.SignalContext()
+//		code := outboxctl.Main(ctx, module.Set{billing.Module(), shipping.Module()}, os.Args[1:], os.Stdout, os.Stderr)
+//		stop()
+//		os.Exit(code)
+//	}
+//
+// and gets a --<module>-database-url flag (env <MODULE>_DATABASE_URL) per
+// module of its set, beside --database-url (env DATABASE_URL), the default
+// of every module. Databases shared by several modules are opened once.
+//
+// Set-aside IDs name the module whose database holds them: c<N>@<module>
+// for a consumer message (row N of set_aside_messages, in the database of
+// the handler's module) and o<N>@<module> for an outbox row a relay set
+// aside (row N of outbox_set_aside, in the publishing module's database).
+// Commands print them so; on input the @<module> may be left out when the
+// set's handlers (for c) or outboxes (for o) are all in one database.
 //
 // Exit codes: 0 when all is well, 1 for an error (bad flags, unreachable
 // database, failed action), 2 when the command ran but found something that
@@ -15,13 +39,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
+	"regexp"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jmoiron/sqlx"
 
-	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/internal/cli"
@@ -35,34 +61,65 @@ const (
 	ExitAttention = 2
 )
 
-const usage = `usage: outboxctl COMMAND [flags]
+const usageCommands = `usage: outboxctl COMMAND [flags]
 
 Commands:
-  status                       outbox backlog, oldest unforwarded age, relay position,
-                               per-handler counts and set-aside counts; exit 2 when
-                               an event is stuck past --stuck-after
-  set-aside list               list set-aside events (--handler NAME to filter;
-                               outbox rows the relay set aside have handler "relay")
+  status                       per publishing module: outbox backlog, oldest unforwarded
+                               age, relay position, stuck events, set-aside rows; per
+                               handler: processed, set-aside and held counts, queue depth;
+                               the unroutable queue's depth; exit 2 when an event is
+                               stuck past --stuck-after
+  set-aside list               list set-aside events of every module's database, held ones
+                               too (--handler NAME, --module NAME to filter; outbox rows
+                               the relays set aside have handler "relay")
   set-aside show ID            show one set-aside event in full
   set-aside replay ID|--all    send set-aside events back: a consumer message to its
-                               handler's queue, an outbox row into the outbox
+                               handler's queue, an outbox row into its outbox (--all
+                               leaves held messages to their handler)
   set-aside discard ID         delete a set-aside event (logged)
-  purge [--dry-run]            purge forwarded outbox rows and old dedup markers now
-  reconcile                    list events committed to the outbox that a handler
-                               has not processed, older than --older-than; exit 2
-                               when any is missing
+  purge [--dry-run]            purge forwarded rows of every outbox and old dedup markers
+                               of every handler database now
+  reconcile                    list events committed to a publishing module's outbox that
+                               a handler they are routed to has not processed, older than
+                               --older-than; exit 2 when any is missing
+  unroutable list              count the events in the unroutable queue (no queue was bound
+                               to their routing key) and show the first --limit, leaving
+                               them queued
+  unroutable replay            publish each event of the unroutable queue again to the
+                               events exchange with its routing key, once: a queue bound
+                               since gets it, the others go back to the unroutable queue
 
-Set-aside IDs are c<N> for consumer messages and o<N> for outbox rows.
+Set-aside IDs are c<N>@<module> for consumer messages (in the database of the
+handler's module) and o<N>@<module> for outbox rows (in the publishing module's
+database); c<N> and o<N> alone do when there is only one such database.
+`
 
+const usageFlags = `
 Flags of every command:
-  --orders-database-url URL      orders database (env ORDERS_DATABASE_URL, then DATABASE_URL)
-  --settlement-database-url URL  settlement database (env SETTLEMENT_DATABASE_URL, then DATABASE_URL)
-  --amqp-url URL                 RabbitMQ (env AMQP_URL)
+  --database-url URL             database of every module without a URL of its own
+                                 (env DATABASE_URL)
+%s  --amqp-url URL                 RabbitMQ with virtual host (env AMQP_URL)
   --namespace NS                 prefix of exchange and queue names (env OUTBOXMILL_NAMESPACE)
   --json                         machine-readable output
 
 Run "outboxctl COMMAND -h" for a command's own flags.
 `
+
+// usage is the full usage text for set.
+func usage(set module.Set) string {
+	var b strings.Builder
+	for _, m := range set {
+		fmt.Fprintf(&b, "  %-30s database of module %s (env %s,\n  %30s then DATABASE_URL)\n",
+			"--"+moduleFlag(m.Name)+" URL", m.Name, moduleEnv(m.Name), "")
+	}
+	return usageCommands + fmt.Sprintf(usageFlags, b.String())
+}
+
+// moduleFlag is the name of module name's database flag.
+func moduleFlag(name string) string { return strings.ReplaceAll(name, "_", "-") + "-database-url" }
+
+// moduleEnv is the environment variable of module name's database.
+func moduleEnv(name string) string { return strings.ToUpper(name) + "_DATABASE_URL" }
 
 // usageError is a mistake in the command line.
 type usageError struct{ msg string }
@@ -77,10 +134,10 @@ func usagef(format string, args ...any) error {
 // operator must look at; it has already said what.
 var errAttention = errors.New("needs attention")
 
-// Main runs outboxctl with args (without the program name) and returns the
-// exit code.
-func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	err := run(ctx, args, stdout, stderr)
+// Main runs outboxctl over the modules of set with args (without the
+// program name) and returns the exit code.
+func Main(ctx context.Context, set module.Set, args []string, stdout, stderr io.Writer) int {
+	err := run(ctx, set, args, stdout, stderr)
 	var ue *usageError
 	switch {
 	case err == nil:
@@ -98,72 +155,109 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// command is one command's entry point.
+type command func(ctx context.Context, c *cmdline, args []string) error
+
+// cmdline is what every command gets: the set and the output streams.
+type cmdline struct {
+	set            module.Set
+	stdout, stderr io.Writer
+}
+
+func run(ctx context.Context, set module.Set, args []string, stdout, stderr io.Writer) error {
+	if err := set.Validate(); err != nil {
+		return fmt.Errorf("module set: %w", err)
+	}
+	if len(set) == 0 {
+		return errors.New("module set: no module")
+	}
+	c := &cmdline{set: set, stdout: stdout, stderr: stderr}
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usage(set))
 		return usagef("no command given")
 	}
 	cmd, rest := args[0], args[1:]
+	var f command
 	switch cmd {
 	case "help", "-h", "-help", "--help":
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, usage(set))
 		return nil
 	case "status":
-		return status(ctx, rest, stdout, stderr)
+		f = status
 	case "set-aside":
 		if len(rest) == 0 {
 			return usagef("set-aside needs an action: list, show, replay or discard")
 		}
-		action, rest := rest[0], rest[1:]
+		var action string
+		action, rest = rest[0], rest[1:]
 		switch action {
 		case "list":
-			return setAsideList(ctx, rest, stdout, stderr)
+			f = setAsideList
 		case "show":
-			return setAsideShow(ctx, rest, stdout, stderr)
+			f = setAsideShow
 		case "replay":
-			return setAsideReplay(ctx, rest, stdout, stderr)
+			f = setAsideReplay
 		case "discard":
-			return setAsideDiscard(ctx, rest, stdout, stderr)
+			f = setAsideDiscard
 		default:
 			return usagef("unknown set-aside action %q (want list, show, replay or discard)", action)
 		}
 	case "purge":
-		return purge(ctx, rest, stdout, stderr)
+		f = purge
 	case "reconcile":
-		return reconcileCmd(ctx, rest, stdout, stderr)
+		f = reconcileCmd
+	case "unroutable":
+		if len(rest) == 0 {
+			return usagef("unroutable needs an action: list or replay")
+		}
+		var action string
+		action, rest = rest[0], rest[1:]
+		switch action {
+		case "list":
+			f = unroutableList
+		case "replay":
+			f = unroutableReplay
+		default:
+			return usagef("unknown unroutable action %q (want list or replay)", action)
+		}
 	default:
 		return usagef("unknown command %q", cmd)
 	}
+	return f(ctx, c, rest)
 }
 
 // options are the flags every command takes, and what they open.
 type options struct {
-	ordersURL     string
-	settlementURL string
-	amqpURL       string
-	namespace     string
-	json          bool
+	set         module.Set
+	databaseURL string
+	moduleURLs  map[string]*string
+	amqpURL     string
+	namespace   string
+	json        bool
 
 	stdout, stderr io.Writer
 	logger         *slog.Logger
-	dbs            map[string]*sqlx.DB
+	dbs            map[string]*database // by URL
 }
 
 // newFlags returns a flag set for command name with the common flags.
-func newFlags(name string, stdout, stderr io.Writer) (*flag.FlagSet, *options) {
-	o := &options{stdout: stdout, stderr: stderr, dbs: map[string]*sqlx.DB{}}
+func (c *cmdline) newFlags(name string) (*flag.FlagSet, *options) {
+	o := &options{set: c.set, stdout: c.stdout, stderr: c.stderr, moduleURLs: map[string]*string{}, dbs: map[string]*database{}}
 	fs := flag.NewFlagSet("outboxctl "+name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // parse reports errors itself
-	dbURL := cli.Env("DATABASE_URL", cli.DefaultDatabaseURL)
-	o.ordersURL = cli.Env("ORDERS_DATABASE_URL", dbURL)
-	o.settlementURL = cli.Env("SETTLEMENT_DATABASE_URL", dbURL)
+	o.databaseURL = cli.Env("DATABASE_URL", cli.DefaultDatabaseURL)
+	fs.Var(cli.NewSecretURL(&o.databaseURL), "database-url", "PostgreSQL `URL` of every module without a URL of its own (env DATABASE_URL)")
+	for _, m := range c.set {
+		u := cli.Env(moduleEnv(m.Name), "")
+		o.moduleURLs[m.Name] = &u
+		fs.Var(cli.NewSecretURL(&u), moduleFlag(m.Name),
+			fmt.Sprintf("PostgreSQL `URL` of module %s (env %s; default --database-url)", m.Name, moduleEnv(m.Name)))
+	}
 	o.amqpURL = cli.Env("AMQP_URL", cli.DefaultAMQPURL)
-	fs.Var(cli.NewSecretURL(&o.ordersURL), "orders-database-url", "orders database `URL` (env ORDERS_DATABASE_URL, then DATABASE_URL)")
-	fs.Var(cli.NewSecretURL(&o.settlementURL), "settlement-database-url", "settlement database `URL` (env SETTLEMENT_DATABASE_URL, then DATABASE_URL)")
 	fs.Var(cli.NewSecretURL(&o.amqpURL), "amqp-url", "RabbitMQ `URL` with virtual host (env AMQP_URL)")
 	fs.StringVar(&o.namespace, "namespace", cli.Env("OUTBOXMILL_NAMESPACE", module.DefaultNamespace), "prefix of exchange and queue names (env OUTBOXMILL_NAMESPACE)")
 	fs.BoolVar(&o.json, "json", false, "print JSON instead of tables")
-	o.logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	o.logger = slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	return fs, o
 }
 
@@ -207,66 +301,179 @@ func parse(fs *flag.FlagSet, o *options, args []string, nargs int, what string) 
 // names returns the broker names of the namespace.
 func (o *options) names() module.Names { return module.Names{Namespace: o.namespace} }
 
-// ordersDB opens the orders database.
-func (o *options) ordersDB(ctx context.Context) (*sqlx.DB, error) {
-	return o.open(ctx, "orders", o.ordersURL)
+// routes returns the set's consumer handlers in the namespace.
+func (o *options) routes() ([]module.Route, error) { return o.set.Routes(o.names()) }
+
+// url returns the database URL of module name.
+func (o *options) url(name string) string {
+	if u := o.moduleURLs[name]; u != nil && *u != "" {
+		return *u
+	}
+	return o.databaseURL
 }
 
-// settlementDB opens the settlement database.
-func (o *options) settlementDB(ctx context.Context) (*sqlx.DB, error) {
-	return o.open(ctx, "settlement", o.settlementURL)
+// database is one database of the set, with the modules that live in it.
+type database struct {
+	url string
+	// Modules are the modules of the set on this database, in set order.
+	modules []module.Module
+	db      *sqlx.DB
 }
 
-// bothDBs opens the orders and the settlement databases.
-func (o *options) bothDBs(ctx context.Context) (orders, settlement *sqlx.DB, err error) {
-	if orders, err = o.ordersDB(ctx); err != nil {
-		return nil, nil, err
+// moduleNames returns the names of the database's modules.
+func (d *database) moduleNames() []string {
+	names := make([]string, len(d.modules))
+	for i, m := range d.modules {
+		names[i] = m.Name
 	}
-	if settlement, err = o.settlementDB(ctx); err != nil {
-		return nil, nil, err
-	}
-	return orders, settlement, nil
+	return names
 }
 
-func (o *options) open(ctx context.Context, which, url string) (*sqlx.DB, error) {
-	if url == "" {
-		return nil, usagef("empty %s database URL", which)
+// label names the database in messages by its modules: "orders database",
+// "orders/settlement database".
+func (d *database) label() string { return strings.Join(d.moduleNames(), "/") + " database" }
+
+// name is the database as outputs show it: host and database name, never
+// credentials.
+func (d *database) name() string { return displayName(d.url) }
+
+// hasHandlers reports whether a module of the database has handlers.
+func (d *database) hasHandlers() bool {
+	return slices.ContainsFunc(d.modules, func(m module.Module) bool { return len(m.Handlers) > 0 })
+}
+
+// hasOutboxes reports whether a module of the database publishes.
+func (d *database) hasOutboxes() bool {
+	return slices.ContainsFunc(d.modules, func(m module.Module) bool { return len(m.Publishes) > 0 })
+}
+
+// Which modules' databases a command needs.
+var (
+	withOutbox   = func(m module.Module) bool { return len(m.Publishes) > 0 }
+	withHandlers = func(m module.Module) bool { return len(m.Handlers) > 0 }
+	withEither   = func(m module.Module) bool { return len(m.Publishes) > 0 || len(m.Handlers) > 0 }
+)
+
+// databases groups the modules of the set that need selects by database
+// URL, in set order, without opening them.
+func (o *options) databases(need func(module.Module) bool) ([]*database, error) {
+	var out []*database
+	byURL := map[string]*database{}
+	for _, m := range o.set {
+		if !need(m) {
+			continue
+		}
+		u := o.url(m.Name)
+		if u == "" {
+			return nil, usagef("empty %s database URL (set --%s or --database-url)", m.Name, moduleFlag(m.Name))
+		}
+		d := byURL[u]
+		if d == nil {
+			d = &database{url: u}
+			byURL[u] = d
+			out = append(out, d)
+		}
+		d.modules = append(d.modules, m)
 	}
-	if db, ok := o.dbs[url]; ok {
-		return db, nil
+	return out, nil
+}
+
+// openAll opens the databases of the modules that need selects, each once,
+// before any is queried, so that a wrong URL is reported as such.
+func (o *options) openAll(ctx context.Context, need func(module.Module) bool) ([]*database, error) {
+	dbs, err := o.databases(need)
+	if err != nil {
+		return nil, err
+	}
+	for i, d := range dbs {
+		if dbs[i], err = o.open(ctx, d); err != nil {
+			return nil, err
+		}
+	}
+	return dbs, nil
+}
+
+// moduleDB opens the database of module name; its modules are every
+// module of the set that need selects on the same URL.
+func (o *options) moduleDB(ctx context.Context, name string, need func(module.Module) bool) (*database, error) {
+	dbs, err := o.databases(func(m module.Module) bool { return m.Name == name || need(m) })
+	if err != nil {
+		return nil, err
+	}
+	u := o.url(name)
+	for _, d := range dbs {
+		if d.url == u {
+			return o.open(ctx, d)
+		}
+	}
+	return nil, fmt.Errorf("module %s: no database", name)
+}
+
+func (o *options) open(ctx context.Context, d *database) (*database, error) {
+	if open, ok := o.dbs[d.url]; ok {
+		return open, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	db, err := postgres.Open(ctx, url, 4)
+	db, err := postgres.Open(ctx, d.url, 4)
 	if err != nil {
-		return nil, fmt.Errorf("%s database: %w", which, err)
+		return nil, fmt.Errorf("%s: %w", d.label(), err)
 	}
-	o.dbs[url] = db
-	return db, nil
+	d.db = db
+	o.dbs[d.url] = d
+	return d, nil
 }
 
 // close closes the databases opened.
 func (o *options) close() {
-	for _, db := range o.dbs {
-		_ = db.Close()
+	for _, d := range o.dbs {
+		_ = d.db.Close()
 	}
 }
 
-// explain adds a hint to an error of a query on the which database whose
-// tables are missing: it is probably not that service's database.
-func explain(err error, which string) error {
+// explain names database d in an error of a query on it, with a hint when
+// its tables are missing: it is probably not the database of its modules.
+// Other errors (the broker's, during a replay) are left as they are.
+func explain(err error, d *database) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-		return fmt.Errorf("%w (is the %s database URL right, and has the %s service run there once?)", err, which, which)
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42P01": // undefined_table
+		return fmt.Errorf("%s: %w (is the database URL of %s right, and has a service of it run there once?)",
+			d.label(), err, strings.Join(d.moduleNames(), " and "))
+	case errors.As(err, &pgErr), errors.Is(err, postgres.ErrSetAsideNotFound), errors.Is(err, relay.ErrSetAsideNotFound):
+		return fmt.Errorf("%s: %w", d.label(), err)
+	default:
+		return err
 	}
-	return err
 }
-
-// outboxConfig is the outbox the commands work on: the orders service's.
-func outboxConfig() outbox.Config { return outbox.ForModule("orders") }
 
 // relayGroup is the relay consumer group whose position counts.
 const relayGroup = relay.DefaultConsumerGroup
+
+var dsnKey = regexp.MustCompile(`(?i)\b(host|port|dbname)\s*=\s*('[^']*'|\S+)`)
+
+// displayName shows a database URL as host/database, without credentials.
+func displayName(raw string) string {
+	if u, err := url.Parse(raw); err == nil && u.Scheme != "" {
+		name := strings.TrimPrefix(u.Path, "/")
+		if u.Host == "" {
+			return name
+		}
+		return u.Host + "/" + name
+	}
+	kv := map[string]string{}
+	for _, m := range dsnKey.FindAllStringSubmatch(raw, -1) {
+		kv[strings.ToLower(m[1])] = strings.Trim(m[2], "'")
+	}
+	if len(kv) == 0 {
+		return cli.Redact(raw)
+	}
+	host := kv["host"]
+	if kv["port"] != "" {
+		host += ":" + kv["port"]
+	}
+	return host + "/" + kv["dbname"]
+}
 
 // oneLine shortens s to one line of at most n characters for a table cell.
 func oneLine(s string, n int) string {

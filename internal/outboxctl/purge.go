@@ -4,14 +4,26 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/outboxmill/outboxmill/adapters/retention"
 	"github.com/outboxmill/outboxmill/internal/cli"
 )
 
-func purge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, o := newFlags("purge", stdout, stderr)
+// PurgeJSON is one table's purge in "purge --json": the outbox of a
+// publishing module, or the dedup markers of a handler database.
+type PurgeJSON struct {
+	retention.Result
+	// Modules are the outbox's module, or the modules whose handlers keep
+	// their markers in the database.
+	Modules []string `json:"modules"`
+	// Database is the database (host/name).
+	Database string `json:"database"`
+}
+
+func purge(ctx context.Context, c *cmdline, args []string) error {
+	fs, o := c.newFlags("purge")
 	var policy retention.Config
 	outboxRetention, err := cli.EnvDuration("OUTBOX_RETENTION", retention.DefaultOutboxRetention)
 	if err != nil {
@@ -36,38 +48,65 @@ func purge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	policy.Logger = o.logger
 	defer o.close()
-	odb, sdb, err := o.bothDBs(ctx)
+	dbs, err := o.openAll(ctx, withEither)
 	if err != nil {
 		return err
 	}
-	outboxPurger, err := retention.NewOutboxPurger(odb, outboxConfig(), policy)
-	if err != nil {
-		return err
+	type job struct {
+		purger  *retention.Purger
+		d       *database
+		modules []string
 	}
-	dedupPurger, err := retention.NewDedupPurger(sdb, policy)
-	if err != nil {
-		return err
-	}
-	var results []retention.Result
-	for _, p := range []struct {
-		purger *retention.Purger
-		which  string
-	}{{outboxPurger, "orders"}, {dedupPurger, "settlement"}} {
-		res, err := p.purger.Purge(ctx, *dryRun)
-		if err != nil {
-			return explain(err, p.which)
+	var jobs []job
+	for _, d := range dbs {
+		for _, m := range d.modules {
+			if len(m.Publishes) == 0 {
+				continue
+			}
+			p, err := retention.NewOutboxPurger(d.db, m.Outbox(), policy)
+			if err != nil {
+				return err
+			}
+			jobs = append(jobs, job{p, d, []string{m.Name}})
 		}
-		results = append(results, res)
+	}
+	for _, d := range dbs {
+		if !d.hasHandlers() {
+			continue
+		}
+		p, err := retention.NewDedupPurger(d.db, policy)
+		if err != nil {
+			return err
+		}
+		var mods []string
+		for _, m := range d.modules {
+			if len(m.Handlers) > 0 {
+				mods = append(mods, m.Name)
+			}
+		}
+		jobs = append(jobs, job{p, d, mods})
+	}
+	results := []PurgeJSON{}
+	for _, j := range jobs {
+		res, err := j.purger.Purge(ctx, *dryRun)
+		if err != nil {
+			return explain(err, j.d)
+		}
+		results = append(results, PurgeJSON{Result: res, Modules: j.modules, Database: j.d.name()})
 	}
 	if o.json {
-		return writeJSON(stdout, results)
+		return writeJSON(c.stdout, results)
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	return printPurge(c.stdout, results, *dryRun)
+}
+
+func printPurge(w io.Writer, results []PurgeJSON, dryRun bool) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	verb := "PURGED"
-	if *dryRun {
+	if dryRun {
 		verb = "WOULD PURGE"
 	}
-	fmt.Fprintf(tw, "TABLE\tOLDER THAN\t%s\tBATCHES\tHELD\tNOTE\n", verb)
+	fmt.Fprintf(tw, "TABLE\tMODULES\tDATABASE\tOLDER THAN\t%s\tBATCHES\tHELD\tNOTE\n", verb)
 	for _, r := range results {
 		note := ""
 		switch {
@@ -78,7 +117,7 @@ func purge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		case r.Held > 0:
 			note = "held: rows no relay has forwarded yet"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\n", r.Table, r.OlderThan, r.Purged, r.Batches, r.Held, note)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", r.Table, strings.Join(r.Modules, ","), r.Database, r.OlderThan, r.Purged, r.Batches, r.Held, note)
 	}
 	return tw.Flush()
 }

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"regexp"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -12,11 +12,13 @@ import (
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/middleware"
+	"github.com/outboxmill/outboxmill/module"
 )
 
 // Sources of set-aside events.
@@ -29,10 +31,14 @@ const (
 
 // SetAsideJSON is a set-aside event as outboxctl shows it.
 type SetAsideJSON struct {
-	// ID is c<N> for a consumer message, o<N> for an outbox row.
+	// ID is c<N>@<module> for a consumer message, o<N>@<module> for an
+	// outbox row: row N in the database of module.
 	ID string `json:"id"`
 	// Source is "consumer" or "outbox".
 	Source string `json:"source"`
+	// Module is the handler's module, or the publishing module of an outbox
+	// row.
+	Module string `json:"module"`
 	// Handler is the consumer handler, or "relay" for an outbox row.
 	Handler string `json:"handler"`
 	// MessageID is the message UUID (the event id, for consumer messages).
@@ -42,16 +48,96 @@ type SetAsideJSON struct {
 	Attempts   int       `json:"attempts"`
 	Reason     string    `json:"reason"`
 	SetAsideAt time.Time `json:"set_aside_at"`
+	// Held reports a consumer message the version guard holds back: it is
+	// applied as soon as its aggregate's previous version is, until
+	// HeldUntil; after that it stays set aside.
+	Held bool `json:"held"`
+	// HeldUntil, AggregateType, AggregateID and AggregateVersion are set
+	// for a message the version guard held back (held or no longer).
+	HeldUntil        *time.Time `json:"held_until,omitempty"`
+	AggregateType    string     `json:"aggregate_type,omitempty"`
+	AggregateID      string     `json:"aggregate_id,omitempty"`
+	AggregateVersion int        `json:"aggregate_version,omitempty"`
 	// Metadata, Payload and PayloadText are shown by "show" only.
 	Metadata    map[string]string `json:"metadata,omitempty"`
 	Payload     []byte            `json:"payload,omitempty"`
 	PayloadText string            `json:"payload_text,omitempty"`
 }
 
-func fromConsumer(m postgres.StoredSetAside, full bool) SetAsideJSON {
+// hold is what the version guard recorded of a held-back message.
+type hold struct {
+	aggregateType, aggregateID string
+	aggregateVersion           int
+	until                      time.Time
+	active                     bool
+}
+
+// holds reads the hold columns of the set-aside messages of db that the
+// version guard held back: of row id only, unless it is 0.
+func holds(ctx context.Context, db sqlx.QueryerContext, id int64) (map[int64]hold, error) {
+	rows, err := db.QueryxContext(ctx, `
+		SELECT id, coalesce(aggregate_type, ''), coalesce(aggregate_id, ''), coalesce(aggregate_version, 0),
+		       held_until, held_until > now()
+		FROM set_aside_messages
+		WHERE held_until IS NOT NULL AND ($1::bigint = 0 OR id = $1::bigint)`, id)
+	if err != nil {
+		return nil, fmt.Errorf("read held messages: %w", err)
+	}
+	defer rows.Close()
+	out := map[int64]hold{}
+	for rows.Next() {
+		var n int64
+		var h hold
+		if err := rows.Scan(&n, &h.aggregateType, &h.aggregateID, &h.aggregateVersion, &h.until, &h.active); err != nil {
+			return nil, fmt.Errorf("read held messages: %w", err)
+		}
+		out[n] = h
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read held messages: %w", err)
+	}
+	return out, nil
+}
+
+// setAsideCount is a handler's set-aside messages: held back by the version
+// guard, and the others.
+type setAsideCount struct{ setAside, held int64 }
+
+// countSetAside counts the set-aside messages of db per handler.
+func countSetAside(ctx context.Context, db sqlx.QueryerContext) (map[string]setAsideCount, error) {
+	rows, err := db.QueryxContext(ctx, `
+		SELECT handler,
+		       count(*) FILTER (WHERE NOT coalesce(held_until > now(), false)),
+		       count(*) FILTER (WHERE held_until > now())
+		FROM set_aside_messages GROUP BY handler`)
+	if err != nil {
+		return nil, fmt.Errorf("count set-aside messages: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]setAsideCount{}
+	for rows.Next() {
+		var handler string
+		var n setAsideCount
+		if err := rows.Scan(&handler, &n.setAside, &n.held); err != nil {
+			return nil, fmt.Errorf("count set-aside messages: %w", err)
+		}
+		out[handler] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("count set-aside messages: %w", err)
+	}
+	return out, nil
+}
+
+func fromConsumer(m postgres.StoredSetAside, mod string, h *hold, full bool) SetAsideJSON {
 	j := SetAsideJSON{
-		ID: "c" + strconv.FormatInt(m.ID, 10), Source: sourceConsumer, Handler: m.Handler, MessageID: m.MessageID,
+		ID: formatID(sourceConsumer, m.ID, mod), Source: sourceConsumer, Module: mod, Handler: m.Handler, MessageID: m.MessageID,
 		Topic: m.Topic, Attempts: m.Attempts, Reason: m.Reason, SetAsideAt: m.At.UTC(),
+	}
+	if h != nil {
+		until := h.until.UTC()
+		j.Held, j.HeldUntil = h.active, &until
+		j.AggregateType, j.AggregateID, j.AggregateVersion = h.aggregateType, h.aggregateID, h.aggregateVersion
 	}
 	if full {
 		j.Metadata, j.Payload = m.Metadata, m.Payload
@@ -62,9 +148,9 @@ func fromConsumer(m postgres.StoredSetAside, full bool) SetAsideJSON {
 	return j
 }
 
-func fromOutbox(r relay.SetAsideRecord, full bool) SetAsideJSON {
+func fromOutbox(r relay.SetAsideRecord, mod string, full bool) SetAsideJSON {
 	j := SetAsideJSON{
-		ID: "o" + strconv.FormatInt(r.ID, 10), Source: sourceOutbox, Handler: relayHandler, MessageID: r.MessageID,
+		ID: formatID(sourceOutbox, r.ID, mod), Source: sourceOutbox, Module: mod, Handler: relayHandler, MessageID: r.MessageID,
 		Topic: r.Outbox, Reason: r.Reason, SetAsideAt: r.SetAsideAt.UTC(),
 	}
 	if full {
@@ -76,85 +162,275 @@ func fromOutbox(r relay.SetAsideRecord, full bool) SetAsideJSON {
 	return j
 }
 
-// parseID splits a set-aside ID into its source and row id.
-func parseID(s string) (string, int64, error) {
-	var source string
-	switch {
-	case strings.HasPrefix(s, "c"):
-		source = sourceConsumer
-	case strings.HasPrefix(s, "o"):
-		source = sourceOutbox
-	default:
-		if _, err := strconv.ParseInt(s, 10, 64); err == nil {
-			return "", 0, usagef("ambiguous set-aside id %q: write c%s for a consumer message or o%s for an outbox row", s, s, s)
-		}
-		return "", 0, usagef("bad set-aside id %q: want c<N> (consumer message) or o<N> (outbox row)", s)
-	}
-	n, err := strconv.ParseInt(s[1:], 10, 64)
-	if err != nil || n <= 0 {
-		return "", 0, usagef("bad set-aside id %q: want c<N> (consumer message) or o<N> (outbox row)", s)
-	}
-	return source, n, nil
+// setAsideID is a parsed set-aside ID.
+type setAsideID struct {
+	source string
+	n      int64
+	// module names the database; empty when the ID left it out.
+	module string
 }
 
-// listAll returns the set-aside events of handler (all when empty; "relay"
-// selects the outbox rows).
-func listAll(ctx context.Context, o *options, handler string) ([]SetAsideJSON, error) {
-	out := []SetAsideJSON{}
-	if handler != relayHandler {
-		sdb, err := o.settlementDB(ctx)
-		if err != nil {
-			return nil, err
+func formatID(source string, n int64, mod string) string {
+	prefix := "c"
+	if source == sourceOutbox {
+		prefix = "o"
+	}
+	return prefix + strconv.FormatInt(n, 10) + "@" + mod
+}
+
+var idPattern = regexp.MustCompile(`^([co])([0-9]+)(?:@([^@]+))?$`)
+
+const idForms = "want c<N>@<module> (consumer message) or o<N>@<module> (outbox row)"
+
+// parseID parses a set-aside ID.
+func parseID(s string) (setAsideID, error) {
+	if _, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return setAsideID{}, usagef("ambiguous set-aside id %q: write c%s@<module> for a consumer message or o%s@<module> for an outbox row", s, s, s)
+	}
+	m := idPattern.FindStringSubmatch(s)
+	if m == nil {
+		return setAsideID{}, usagef("bad set-aside id %q: %s", s, idForms)
+	}
+	n, err := strconv.ParseInt(m[2], 10, 64)
+	if err != nil || n <= 0 {
+		return setAsideID{}, usagef("bad set-aside id %q: %s", s, idForms)
+	}
+	id := setAsideID{source: sourceConsumer, n: n, module: m[3]}
+	if m[1] == "o" {
+		id.source = sourceOutbox
+	}
+	return id, nil
+}
+
+// need returns which modules' databases hold set-asides of source.
+func need(source string) func(module.Module) bool {
+	if source == sourceOutbox {
+		return withOutbox
+	}
+	return withHandlers
+}
+
+// locate opens the database an ID names.
+func (o *options) locate(ctx context.Context, id setAsideID, raw string) (*database, error) {
+	if id.module != "" {
+		if _, ok := o.set.Find(id.module); !ok {
+			return nil, usagef("set-aside id %q: unknown module %q (have %s)", raw, id.module, strings.Join(setNames(o.set), ", "))
 		}
-		msgs, err := postgres.NewSetAsideStore(sdb).List(ctx, handler)
-		if err != nil {
-			return nil, explain(err, "settlement")
+		return o.moduleDB(ctx, id.module, need(id.source))
+	}
+	dbs, err := o.databases(need(id.source))
+	if err != nil {
+		return nil, err
+	}
+	switch len(dbs) {
+	case 0:
+		return nil, usagef("set-aside id %q: no module of the set has %s", raw, map[string]string{sourceConsumer: "handlers", sourceOutbox: "an outbox"}[id.source])
+	case 1:
+		return o.open(ctx, dbs[0])
+	default:
+		var mods []string
+		for _, d := range dbs {
+			mods = append(mods, d.moduleNames()...)
 		}
-		for _, m := range msgs {
-			out = append(out, fromConsumer(m, false))
+		return nil, usagef("ambiguous set-aside id %q: the modules are in %d databases; write %s@<module> (module one of %s)",
+			raw, len(dbs), raw, strings.Join(mods, ", "))
+	}
+}
+
+func setNames(set module.Set) []string {
+	names := make([]string, len(set))
+	for i, m := range set {
+		names[i] = m.Name
+	}
+	return names
+}
+
+// handlerModule returns the module of the set-aside message's handler in d:
+// the handler's own, or the first module of d with handlers for a handler
+// the set does not know.
+func (o *options) handlerModule(d *database, handler string) string {
+	for _, m := range d.modules {
+		for _, h := range m.Handlers {
+			if h.Name == handler {
+				return m.Name
+			}
 		}
 	}
-	if handler == "" || handler == relayHandler {
-		odb, err := o.ordersDB(ctx)
+	for _, m := range d.modules {
+		if len(m.Handlers) > 0 {
+			return m.Name
+		}
+	}
+	return d.modules[0].Name
+}
+
+// outboxModule returns the module of an outbox in d: the module whose
+// outbox it is, or the first publishing module of d for one the set does
+// not know.
+func (o *options) outboxModule(d *database, topic string) string {
+	for _, m := range d.modules {
+		if len(m.Publishes) > 0 && m.Outbox().Topic == topic {
+			return m.Name
+		}
+	}
+	for _, m := range d.modules {
+		if len(m.Publishes) > 0 {
+			return m.Name
+		}
+	}
+	return d.modules[0].Name
+}
+
+// filter selects set-aside events.
+type filter struct {
+	// handler selects one handler's events ("relay": the outbox rows).
+	handler string
+	// module selects one module's events.
+	module string
+}
+
+func (o *options) checkFilter(f filter) error {
+	if f.module != "" {
+		if _, ok := o.set.Find(f.module); !ok {
+			return usagef("--module: unknown module %q (have %s)", f.module, strings.Join(setNames(o.set), ", "))
+		}
+	}
+	return nil
+}
+
+// dbsFor opens the databases holding set-asides of source that f can
+// select.
+func (o *options) dbsFor(ctx context.Context, source string, f filter) ([]*database, error) {
+	dbs, err := o.databases(need(source))
+	if err != nil {
+		return nil, err
+	}
+	var out []*database
+	for _, d := range dbs {
+		if f.module != "" && !containsModule(d, f.module) {
+			continue
+		}
+		od, err := o.open(ctx, d)
 		if err != nil {
 			return nil, err
 		}
-		rows, err := relay.ListSetAside(ctx, odb)
-		if err != nil {
-			return nil, explain(err, "orders")
+		out = append(out, od)
+	}
+	return out, nil
+}
+
+func containsModule(d *database, name string) bool {
+	for _, m := range d.modules {
+		if m.Name == name {
+			return true
 		}
-		for _, r := range rows {
-			out = append(out, fromOutbox(r, false))
+	}
+	return false
+}
+
+// listAll returns the set-aside events f selects: the consumer messages of
+// every handler database, then the outbox rows of every publishing module's
+// database.
+func listAll(ctx context.Context, o *options, f filter) ([]SetAsideJSON, error) {
+	out := []SetAsideJSON{}
+	if f.handler != relayHandler {
+		dbs, err := o.dbsFor(ctx, sourceConsumer, f)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range dbs {
+			msgs, err := postgres.NewSetAsideStore(d.db).List(ctx, f.handler)
+			if err != nil {
+				return nil, explain(err, d)
+			}
+			held, err := holds(ctx, d.db, 0)
+			if err != nil {
+				return nil, explain(err, d)
+			}
+			for _, m := range msgs {
+				mod := o.handlerModule(d, m.Handler)
+				if f.module != "" && mod != f.module {
+					continue
+				}
+				var h *hold
+				if x, ok := held[m.ID]; ok {
+					h = &x
+				}
+				out = append(out, fromConsumer(m, mod, h, false))
+			}
+		}
+	}
+	if f.handler == "" || f.handler == relayHandler {
+		dbs, err := o.dbsFor(ctx, sourceOutbox, f)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range dbs {
+			rows, err := relay.ListSetAside(ctx, d.db)
+			if err != nil {
+				return nil, explain(err, d)
+			}
+			for _, r := range rows {
+				mod := o.outboxModule(d, r.Outbox)
+				if f.module != "" && mod != f.module {
+					continue
+				}
+				out = append(out, fromOutbox(r, mod, false))
+			}
 		}
 	}
 	return out, nil
 }
 
-func setAsideList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, o := newFlags("set-aside list", stdout, stderr)
-	handler := fs.String("handler", "", `list only this handler's events ("relay" for outbox rows)`)
+func filterFlags(fs interface {
+	StringVar(*string, string, string, string)
+}, f *filter, verb string) {
+	fs.StringVar(&f.handler, "handler", "", verb+` only this handler's events ("relay" for outbox rows)`)
+	fs.StringVar(&f.module, "module", "", verb+" only this module's events (its handlers' messages and its outbox's rows)")
+}
+
+func setAsideList(ctx context.Context, c *cmdline, args []string) error {
+	fs, o := c.newFlags("set-aside list")
+	var f filter
+	filterFlags(fs, &f, "list")
 	if _, err := parse(fs, o, args, 0, ""); err != nil {
 		return err
 	}
+	if err := o.checkFilter(f); err != nil {
+		return err
+	}
 	defer o.close()
-	list, err := listAll(ctx, o, *handler)
+	list, err := listAll(ctx, o, f)
 	if err != nil {
 		return err
 	}
 	if o.json {
-		return writeJSON(stdout, list)
+		return writeJSON(c.stdout, list)
 	}
 	if len(list) == 0 {
-		fmt.Fprintln(stdout, "no set-aside events")
+		fmt.Fprintln(c.stdout, "no set-aside events")
 		return nil
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSOURCE\tHANDLER\tMESSAGE ID\tATTEMPTS\tSET ASIDE AT\tREASON")
+	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSOURCE\tHANDLER\tMESSAGE ID\tATTEMPTS\tSET ASIDE AT\tHELD UNTIL\tREASON")
 	for _, e := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", e.ID, e.Source, e.Handler, orDash(e.MessageID),
-			e.Attempts, e.SetAsideAt.Format(time.RFC3339), oneLine(e.Reason, 70))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.ID, e.Source, e.Handler, orDash(e.MessageID),
+			e.Attempts, e.SetAsideAt.Format(time.RFC3339), heldUntil(e), oneLine(e.Reason, 70))
 	}
 	return tw.Flush()
+}
+
+// heldUntil shows the end of a message's hold: "-" for none, the time for a
+// hold that lasts, the time and "(ended)" for one that ended.
+func heldUntil(e SetAsideJSON) string {
+	switch {
+	case e.HeldUntil == nil:
+		return "-"
+	case e.Held:
+		return e.HeldUntil.Format(time.RFC3339)
+	default:
+		return e.HeldUntil.Format(time.RFC3339) + " (ended)"
+	}
 }
 
 func orDash(s string) string {
@@ -165,35 +441,39 @@ func orDash(s string) string {
 }
 
 // get reads one set-aside event in full.
-func get(ctx context.Context, o *options, id string) (SetAsideJSON, error) {
-	source, n, err := parseID(id)
+func get(ctx context.Context, o *options, raw string) (SetAsideJSON, error) {
+	id, err := parseID(raw)
 	if err != nil {
 		return SetAsideJSON{}, err
 	}
-	if source == sourceConsumer {
-		sdb, err := o.settlementDB(ctx)
-		if err != nil {
-			return SetAsideJSON{}, err
-		}
-		m, err := postgres.NewSetAsideStore(sdb).Get(ctx, n)
-		if err != nil {
-			return SetAsideJSON{}, explain(err, "settlement")
-		}
-		return fromConsumer(m, true), nil
-	}
-	odb, err := o.ordersDB(ctx)
+	d, err := o.locate(ctx, id, raw)
 	if err != nil {
 		return SetAsideJSON{}, err
 	}
-	r, err := relay.GetSetAside(ctx, odb, n)
-	if err != nil {
-		return SetAsideJSON{}, explain(err, "orders")
+	if id.source == sourceConsumer {
+		m, err := postgres.NewSetAsideStore(d.db).Get(ctx, id.n)
+		if err != nil {
+			return SetAsideJSON{}, explain(err, d)
+		}
+		held, err := holds(ctx, d.db, id.n)
+		if err != nil {
+			return SetAsideJSON{}, explain(err, d)
+		}
+		var h *hold
+		if x, ok := held[id.n]; ok {
+			h = &x
+		}
+		return fromConsumer(m, o.handlerModule(d, m.Handler), h, true), nil
 	}
-	return fromOutbox(r, true), nil
+	r, err := relay.GetSetAside(ctx, d.db, id.n)
+	if err != nil {
+		return SetAsideJSON{}, explain(err, d)
+	}
+	return fromOutbox(r, o.outboxModule(d, r.Outbox), true), nil
 }
 
-func setAsideShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, o := newFlags("set-aside show", stdout, stderr)
+func setAsideShow(ctx context.Context, c *cmdline, args []string) error {
+	fs, o := c.newFlags("set-aside show")
 	pos, err := parse(fs, o, args, 1, "one set-aside ID")
 	if err != nil {
 		return err
@@ -204,16 +484,21 @@ func setAsideShow(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if o.json {
-		return writeJSON(stdout, e)
+		return writeJSON(c.stdout, e)
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "id\t%s\n", e.ID)
 	fmt.Fprintf(tw, "source\t%s\n", e.Source)
+	fmt.Fprintf(tw, "module\t%s\n", e.Module)
 	fmt.Fprintf(tw, "handler\t%s\n", e.Handler)
 	fmt.Fprintf(tw, "message id\t%s\n", orDash(e.MessageID))
 	fmt.Fprintf(tw, "topic\t%s\n", e.Topic)
 	fmt.Fprintf(tw, "attempts\t%d\n", e.Attempts)
 	fmt.Fprintf(tw, "set aside at\t%s\n", e.SetAsideAt.Format(time.RFC3339Nano))
+	if e.HeldUntil != nil {
+		fmt.Fprintf(tw, "held until\t%s\n", heldUntil(e))
+		fmt.Fprintf(tw, "waits for\t%s %s version %d\n", e.AggregateType, e.AggregateID, e.AggregateVersion-1)
+	}
 	fmt.Fprintf(tw, "reason\t%s\n", e.Reason)
 	for _, k := range sortedKeys(e.Metadata) {
 		fmt.Fprintf(tw, "metadata %s\t%s\n", k, e.Metadata[k])
@@ -222,9 +507,9 @@ func setAsideShow(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if e.PayloadText != "" {
-		fmt.Fprintf(stdout, "payload (%d bytes):\n%s\n", len(e.Payload), e.PayloadText)
+		fmt.Fprintf(c.stdout, "payload (%d bytes):\n%s\n", len(e.Payload), e.PayloadText)
 	} else {
-		fmt.Fprintf(stdout, "payload (%d bytes, not UTF-8; hex):\n%x\n", len(e.Payload), e.Payload)
+		fmt.Fprintf(c.stdout, "payload (%d bytes, not UTF-8; hex):\n%x\n", len(e.Payload), e.Payload)
 	}
 	return nil
 }
@@ -263,45 +548,51 @@ func (r *replayer) republish(ctx context.Context, m middleware.SetAsideMessage) 
 	return err
 }
 
-// replay replays the set-aside event id and says what it did.
-func (r *replayer) replay(ctx context.Context, id string) (string, error) {
-	source, n, err := parseID(id)
+// replay replays the set-aside event raw and says what it did, under the
+// event's canonical ID.
+func (r *replayer) replay(ctx context.Context, raw string) (string, string, error) {
+	id, err := parseID(raw)
 	if err != nil {
-		return "", err
+		return raw, "", err
 	}
-	if source == sourceConsumer {
-		sdb, err := r.o.settlementDB(ctx)
-		if err != nil {
-			return "", err
+	d, err := r.o.locate(ctx, id, raw)
+	if err != nil {
+		return raw, "", err
+	}
+	if id.source == sourceConsumer {
+		m, err := postgres.NewSetAsideStore(d.db).Replay(ctx, id.n, r.republish, r.o.logger)
+		if m.ID != 0 {
+			raw = formatID(sourceConsumer, m.ID, r.o.handlerModule(d, m.Handler))
 		}
-		m, err := postgres.NewSetAsideStore(sdb).Replay(ctx, n, r.republish, r.o.logger)
 		if err != nil {
-			return "", explain(err, "settlement")
+			return raw, "", explain(err, d)
 		}
-		return fmt.Sprintf("replayed %s: message %s of %s sent to queue %s", id, orDash(m.MessageID), m.Handler, m.Topic), nil
+		return raw, fmt.Sprintf("replayed %s: message %s of %s sent to queue %s", raw, orDash(m.MessageID), m.Handler, m.Topic), nil
 	}
-	odb, err := r.o.ordersDB(ctx)
+	rec, err := relay.ReplaySetAside(ctx, d.db, id.n, r.o.logger)
+	if rec.ID != 0 {
+		raw = formatID(sourceOutbox, rec.ID, r.o.outboxModule(d, rec.Outbox))
+	}
 	if err != nil {
-		return "", err
+		return raw, "", explain(err, d)
 	}
-	rec, err := relay.ReplaySetAside(ctx, odb, n, r.o.logger)
-	if err != nil {
-		return "", explain(err, "orders")
-	}
-	return fmt.Sprintf("replayed %s: row %s put back into outbox %s", id, rec.MessageID, rec.Outbox), nil
+	return raw, fmt.Sprintf("replayed %s: row %s put back into outbox %s", raw, rec.MessageID, rec.Outbox), nil
 }
 
 // ReplayJSON is one replay's outcome in "set-aside replay --json".
 type ReplayJSON struct {
 	ID     string `json:"id"`
 	Result string `json:"result,omitempty"`
-	Error  string `json:"error,omitempty"`
+	// Skipped says why --all left the event alone (a message still held).
+	Skipped string `json:"skipped,omitempty"`
+	Error   string `json:"error,omitempty"`
 }
 
-func setAsideReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, o := newFlags("set-aside replay", stdout, stderr)
-	all := fs.Bool("all", false, "replay every set-aside event (of --handler, if given)")
-	handler := fs.String("handler", "", `with --all, replay only this handler's events ("relay" for outbox rows)`)
+func setAsideReplay(ctx context.Context, c *cmdline, args []string) error {
+	fs, o := c.newFlags("set-aside replay")
+	all := fs.Bool("all", false, "replay every set-aside event (of --handler and --module, if given) but the messages still held")
+	var f filter
+	filterFlags(fs, &f, "with --all, replay")
 	pos, err := parse(fs, o, args, -1, "one set-aside ID, or --all")
 	if err != nil {
 		return err
@@ -311,27 +602,62 @@ func setAsideReplay(ctx context.Context, args []string, stdout, stderr io.Writer
 		return usagef("set-aside replay: give an ID or --all, not both")
 	case !*all && len(pos) != 1:
 		return usagef("set-aside replay: want one set-aside ID, or --all")
-	case *handler != "" && !*all:
-		return usagef("set-aside replay: --handler applies to --all only")
+	case (f.handler != "" || f.module != "") && !*all:
+		return usagef("set-aside replay: --handler and --module apply to --all only")
+	}
+	if err := o.checkFilter(f); err != nil {
+		return err
 	}
 	defer o.close()
 	r := &replayer{o: o}
 	defer r.close()
 
-	ids := pos
+	var results []ReplayJSON
+	report := func(res ReplayJSON) {
+		results = append(results, res)
+		if o.json {
+			return
+		}
+		switch {
+		case res.Error != "":
+			fmt.Fprintf(c.stdout, "failed %s: %s\n", res.ID, res.Error)
+		case res.Skipped != "":
+			fmt.Fprintf(c.stdout, "skipped %s: %s\n", res.ID, res.Skipped)
+		default:
+			fmt.Fprintln(c.stdout, res.Result)
+		}
+	}
+	// The events to replay, in list order; a held one is reported skipped
+	// in its place.
+	type todo struct {
+		id   string
+		skip string
+	}
+	var todos []todo
+	for _, id := range pos {
+		todos = append(todos, todo{id: id})
+	}
 	if *all {
-		list, err := listAll(ctx, o, *handler)
+		list, err := listAll(ctx, o, f)
 		if err != nil {
 			return err
 		}
 		for _, e := range list {
-			ids = append(ids, e.ID)
+			t := todo{id: e.ID}
+			if e.Held {
+				t.skip = fmt.Sprintf("held until %s for %s %s version %d; its handler applies it once that version is (replay it by ID to force)",
+					e.HeldUntil.Format(time.RFC3339), e.AggregateType, e.AggregateID, e.AggregateVersion-1)
+			}
+			todos = append(todos, t)
 		}
 	}
-	var results []ReplayJSON
 	var failed error
-	for _, id := range ids {
-		msg, err := r.replay(ctx, id)
+	for _, t := range todos {
+		if t.skip != "" {
+			report(ReplayJSON{ID: t.id, Skipped: t.skip})
+			continue
+		}
+		id, msg, err := r.replay(ctx, t.id)
 		var ue *usageError
 		if errors.As(err, &ue) {
 			return err
@@ -341,65 +667,54 @@ func setAsideReplay(ctx context.Context, args []string, stdout, stderr io.Writer
 			res.Error = err.Error()
 			failed = errors.Join(failed, fmt.Errorf("replay %s: %w", id, err))
 		}
-		results = append(results, res)
-		if !o.json {
-			if err != nil {
-				fmt.Fprintf(stdout, "failed %s: %v\n", id, err)
-			} else {
-				fmt.Fprintln(stdout, msg)
-			}
-		}
+		report(res)
 	}
 	if o.json {
 		if results == nil {
 			results = []ReplayJSON{}
 		}
-		if err := writeJSON(stdout, results); err != nil {
+		if err := writeJSON(c.stdout, results); err != nil {
 			return err
 		}
-	} else if len(ids) == 0 {
-		fmt.Fprintln(stdout, "no set-aside events to replay")
+	} else if len(results) == 0 {
+		fmt.Fprintln(c.stdout, "no set-aside events to replay")
 	}
 	return failed
 }
 
-func setAsideDiscard(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, o := newFlags("set-aside discard", stdout, stderr)
+func setAsideDiscard(ctx context.Context, c *cmdline, args []string) error {
+	fs, o := c.newFlags("set-aside discard")
 	pos, err := parse(fs, o, args, 1, "one set-aside ID")
 	if err != nil {
 		return err
 	}
 	defer o.close()
-	id := pos[0]
-	source, n, err := parseID(id)
+	raw := pos[0]
+	id, err := parseID(raw)
+	if err != nil {
+		return err
+	}
+	d, err := o.locate(ctx, id, raw)
 	if err != nil {
 		return err
 	}
 	var e SetAsideJSON
-	if source == sourceConsumer {
-		sdb, err := o.settlementDB(ctx)
+	if id.source == sourceConsumer {
+		m, err := postgres.NewSetAsideStore(d.db).Discard(ctx, id.n, o.logger)
 		if err != nil {
-			return err
+			return explain(err, d)
 		}
-		m, err := postgres.NewSetAsideStore(sdb).Discard(ctx, n, o.logger)
-		if err != nil {
-			return explain(err, "settlement")
-		}
-		e = fromConsumer(m, true)
+		e = fromConsumer(m, o.handlerModule(d, m.Handler), nil, true)
 	} else {
-		odb, err := o.ordersDB(ctx)
+		rec, err := relay.DiscardSetAside(ctx, d.db, id.n, o.logger)
 		if err != nil {
-			return err
+			return explain(err, d)
 		}
-		rec, err := relay.DiscardSetAside(ctx, odb, n, o.logger)
-		if err != nil {
-			return explain(err, "orders")
-		}
-		e = fromOutbox(rec, true)
+		e = fromOutbox(rec, o.outboxModule(d, rec.Outbox), true)
 	}
 	if o.json {
-		return writeJSON(stdout, e)
+		return writeJSON(c.stdout, e)
 	}
-	fmt.Fprintf(stdout, "discarded %s: message %s of %s (%s)\n", e.ID, orDash(e.MessageID), e.Handler, oneLine(e.Reason, 70))
+	fmt.Fprintf(c.stdout, "discarded %s: message %s of %s (%s)\n", e.ID, orDash(e.MessageID), e.Handler, oneLine(e.Reason, 70))
 	return nil
 }

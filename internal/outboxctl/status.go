@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -17,33 +18,77 @@ import (
 
 // StatusJSON is the output of "status --json".
 type StatusJSON struct {
-	Outbox         outbox.Status `json:"outbox"`
-	OutboxSetAside int64         `json:"outbox_set_aside"`
-	// StuckEvents are the first stuck events, in delivery order.
-	StuckEvents              []outbox.PendingEvent     `json:"stuck_events"`
-	OldestTransaction        *postgres.OpenTransaction `json:"oldest_transaction"`
-	OldestWritingTransaction *postgres.OpenTransaction `json:"oldest_writing_transaction"`
-	Handlers                 []HandlerStatus           `json:"handlers"`
+	// Outboxes are the outboxes of the publishing modules, in set order.
+	Outboxes []OutboxStatus `json:"outboxes"`
+	// Databases are the databases of the set, each once.
+	Databases []DatabaseStatus `json:"databases"`
+	// Handlers are every handler of the set, in set order.
+	Handlers []HandlerStatus `json:"handlers"`
+	// UnroutableQueue is the queue of the events no queue was bound to.
+	UnroutableQueue string `json:"unroutable_queue"`
+	// Unroutable counts its messages; nil when the broker could not be
+	// asked or the queue does not exist.
+	Unroutable *int `json:"unroutable"`
 	// BrokerError says why queue depths are missing, if they are.
 	BrokerError string `json:"broker_error,omitempty"`
-	// Stuck is true when some event is stuck; the exit code is then 2.
+	// Stuck is true when some event of some outbox is stuck; the exit code
+	// is then 2.
 	Stuck bool `json:"stuck"`
+}
+
+// Outbox returns the status of the outbox of module name, if it publishes.
+func (st StatusJSON) Outbox(name string) (OutboxStatus, bool) {
+	for _, o := range st.Outboxes {
+		if o.Module == name {
+			return o, true
+		}
+	}
+	return OutboxStatus{}, false
+}
+
+// OutboxStatus is one publishing module's outbox.
+type OutboxStatus struct {
+	// Module is the publishing module.
+	Module string `json:"module"`
+	// Database is the module's database (host/name).
+	Database string `json:"database"`
+	outbox.Status
+	// SetAside counts the outbox's rows the relay set aside.
+	SetAside int64 `json:"set_aside"`
+	// StuckEvents are the first stuck events, in delivery order.
+	StuckEvents []outbox.PendingEvent `json:"stuck_events"`
+}
+
+// DatabaseStatus is one database of the set: the oldest transactions on
+// its server.
+type DatabaseStatus struct {
+	Database                 string                    `json:"database"`
+	Modules                  []string                  `json:"modules"`
+	OldestTransaction        *postgres.OpenTransaction `json:"oldest_transaction"`
+	OldestWritingTransaction *postgres.OpenTransaction `json:"oldest_writing_transaction"`
 }
 
 // HandlerStatus is one consumer handler's part of the status.
 type HandlerStatus struct {
-	Handler string `json:"handler"`
+	Module   string `json:"module"`
+	Handler  string `json:"handler"`
+	Database string `json:"database"`
 	// Queues are the handler's (lane) queues.
-	Queues    []string `json:"queues"`
-	Processed int64    `json:"processed"`
-	SetAside  int64    `json:"set_aside"`
+	Queues []string `json:"queues"`
+	// Processed counts the handler's dedup markers.
+	Processed int64 `json:"processed"`
+	// SetAside counts its set-aside messages that wait for an operator.
+	SetAside int64 `json:"set_aside"`
+	// Held counts its messages the version guard holds back until their
+	// predecessor is applied (or the hold ends).
+	Held int64 `json:"held"`
 	// Queued is the number of ready messages in the handler's queues; nil
 	// when the broker could not be asked.
 	Queued *int `json:"queued"`
 }
 
-func status(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, o := newFlags("status", stdout, stderr)
+func status(ctx context.Context, c *cmdline, args []string) error {
+	fs, o := c.newFlags("status")
 	stuckDefault, err := cli.EnvDuration("STUCK_AFTER", outbox.DefaultStuckAfter)
 	if err != nil {
 		return usagef("%v", err)
@@ -56,48 +101,80 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return usagef("--stuck-after must not be negative")
 	}
 	defer o.close()
-	odb, sdb, err := o.bothDBs(ctx)
+	dbs, err := o.openAll(ctx, withEither)
+	if err != nil {
+		return err
+	}
+	routes, err := o.routes()
 	if err != nil {
 		return err
 	}
 
-	var st StatusJSON
-	box := outboxConfig()
-	if st.Outbox, err = outbox.Inspect(ctx, odb, box, relayGroup, *stuckAfter); err != nil {
-		return explain(err, "orders")
+	st := StatusJSON{Outboxes: []OutboxStatus{}, Handlers: []HandlerStatus{}, UnroutableQueue: o.names().Unroutable()}
+	type counts struct {
+		processed map[string]int64
+		setAside  map[string]setAsideCount
+		outbox    map[string]int64
 	}
-	st.Stuck = st.Outbox.Stuck > 0
-	if st.StuckEvents, err = outbox.StuckEvents(ctx, odb, box, relayGroup, *stuckAfter, 10); err != nil {
-		return explain(err, "orders")
+	byDB := map[*database]*counts{}
+	dbOf := map[string]*database{}
+	for _, d := range dbs {
+		for _, m := range d.modules {
+			dbOf[m.Name] = d
+		}
+		ds := DatabaseStatus{Database: d.name(), Modules: d.moduleNames()}
+		if ds.OldestTransaction, ds.OldestWritingTransaction, err = postgres.OldestTransactions(ctx, d.db); err != nil {
+			return explain(err, d)
+		}
+		st.Databases = append(st.Databases, ds)
+		n := &counts{}
+		if d.hasHandlers() {
+			if n.processed, err = postgres.ProcessedCounts(ctx, d.db); err != nil {
+				return explain(err, d)
+			}
+			if n.setAside, err = countSetAside(ctx, d.db); err != nil {
+				return explain(err, d)
+			}
+		}
+		if d.hasOutboxes() {
+			if n.outbox, err = relay.CountSetAside(ctx, d.db); err != nil {
+				return explain(err, d)
+			}
+		}
+		byDB[d] = n
 	}
-	counts, err := relay.CountSetAside(ctx, odb)
-	if err != nil {
-		return explain(err, "orders")
+	for _, m := range o.set {
+		if len(m.Publishes) == 0 {
+			continue
+		}
+		d, box := dbOf[m.Name], m.Outbox()
+		ob := OutboxStatus{Module: m.Name, Database: d.name(), SetAside: byDB[d].outbox[box.Topic]}
+		if ob.Status, err = outbox.Inspect(ctx, d.db, box, relayGroup, *stuckAfter); err != nil {
+			return explain(err, d)
+		}
+		if ob.StuckEvents, err = outbox.StuckEvents(ctx, d.db, box, relayGroup, *stuckAfter, 10); err != nil {
+			return explain(err, d)
+		}
+		st.Stuck = st.Stuck || ob.Stuck > 0
+		st.Outboxes = append(st.Outboxes, ob)
 	}
-	st.OutboxSetAside = counts[box.Topic]
-	if st.OldestTransaction, st.OldestWritingTransaction, err = postgres.OldestTransactions(ctx, odb); err != nil {
-		return err
-	}
-	processed, err := postgres.ProcessedCounts(ctx, sdb)
-	if err != nil {
-		return explain(err, "settlement")
-	}
-	setAside, err := postgres.NewSetAsideStore(sdb).Counts(ctx)
-	if err != nil {
-		return explain(err, "settlement")
-	}
-	routes := servicesRoutes(o)
-	var queues []string
+
+	queues := []string{st.UnroutableQueue}
 	for _, r := range routes {
 		queues = append(queues, r.Queues...)
 	}
-	depths, err := rabbitmq.QueueDepths(ctx, o.amqpURL, queues)
-	if err != nil {
-		st.BrokerError = err.Error()
+	depths, brokerErr := rabbitmq.QueueDepths(ctx, o.amqpURL, queues)
+	if brokerErr != nil {
+		st.BrokerError = brokerErr.Error()
+	} else if n, ok := depths[st.UnroutableQueue]; ok {
+		st.Unroutable = &n
 	}
 	for _, r := range routes {
-		h := HandlerStatus{Handler: r.Handler, Queues: r.Queues, Processed: processed[r.Handler], SetAside: setAside[r.Handler]}
-		if err == nil {
+		d := dbOf[r.Module]
+		n := byDB[d]
+		h := HandlerStatus{Module: r.Module, Handler: r.Handler, Database: d.name(), Queues: r.Queues,
+			Processed: n.processed[r.Handler], SetAside: n.setAside[r.Handler].setAside, Held: n.setAside[r.Handler].held}
+		if brokerErr == nil {
 			queued := 0
 			for _, q := range r.Queues {
 				queued += depths[q]
@@ -108,11 +185,11 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 
 	if o.json {
-		if err := writeJSON(stdout, st); err != nil {
+		if err := writeJSON(c.stdout, st); err != nil {
 			return err
 		}
 	} else {
-		printStatus(stdout, st)
+		printStatus(c.stdout, st, *stuckAfter)
 	}
 	if st.Stuck {
 		return errAttention
@@ -120,59 +197,74 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return nil
 }
 
-func printStatus(w io.Writer, st StatusJSON) {
+func printStatus(w io.Writer, st StatusJSON, stuckAfter time.Duration) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	ob := st.Outbox
-	fmt.Fprintf(tw, "OUTBOX %s\t\n", ob.Outbox)
-	fmt.Fprintf(tw, "  backlog\t%d\n", ob.Backlog)
-	if ob.OldestUnforwardedAt != nil {
-		fmt.Fprintf(tw, "  oldest unforwarded\t%s (committed %s)\n", roundAge(ob.OldestUnforwardedAge), ob.OldestUnforwardedAt.UTC().Format(time.RFC3339))
-	} else {
-		fmt.Fprintf(tw, "  oldest unforwarded\t-\n")
-	}
-	fmt.Fprintf(tw, "  stuck (older than %s)\t%d\n", ob.StuckAfter, ob.Stuck)
-	if ob.Position != nil {
-		fmt.Fprintf(tw, "  relay position (%s)\ttransaction %d, offset %d\n", ob.ConsumerGroup, ob.Position.TransactionID, ob.Position.Offset)
-	} else {
-		fmt.Fprintf(tw, "  relay position (%s)\tnone: the relay never ran\n", ob.ConsumerGroup)
-	}
-	for _, p := range ob.Positions {
-		if p.ConsumerGroup != ob.ConsumerGroup {
-			fmt.Fprintf(tw, "  other group %s\ttransaction %d, offset %d\n", p.ConsumerGroup, p.TransactionID, p.Offset)
+	for _, ob := range st.Outboxes {
+		fmt.Fprintf(tw, "OUTBOX %s (module %s, database %s)\n", ob.Outbox, ob.Module, ob.Database)
+		fmt.Fprintf(tw, "  backlog\t%d\n", ob.Backlog)
+		if ob.OldestUnforwardedAt != nil {
+			fmt.Fprintf(tw, "  oldest unforwarded\t%s (committed %s)\n", roundAge(ob.OldestUnforwardedAge), ob.OldestUnforwardedAt.UTC().Format(time.RFC3339))
+		} else {
+			fmt.Fprintf(tw, "  oldest unforwarded\t-\n")
 		}
+		fmt.Fprintf(tw, "  stuck (older than %s)\t%d\n", ob.StuckAfter, ob.Stuck)
+		if ob.Position != nil {
+			fmt.Fprintf(tw, "  relay position (%s)\ttransaction %d, offset %d\n", ob.ConsumerGroup, ob.Position.TransactionID, ob.Position.Offset)
+		} else {
+			fmt.Fprintf(tw, "  relay position (%s)\tnone: the relay never ran\n", ob.ConsumerGroup)
+		}
+		for _, p := range ob.Positions {
+			if p.ConsumerGroup != ob.ConsumerGroup {
+				fmt.Fprintf(tw, "  other group %s\ttransaction %d, offset %d\n", p.ConsumerGroup, p.TransactionID, p.Offset)
+			}
+		}
+		fmt.Fprintf(tw, "  set-aside rows\t%d\n", ob.SetAside)
 	}
-	fmt.Fprintf(tw, "  set-aside rows\t%d\n", st.OutboxSetAside)
-	fmt.Fprintf(tw, "DATABASE SERVER (orders)\t\n")
-	fmt.Fprintf(tw, "  oldest open transaction\t%s\n", describeTx(st.OldestTransaction))
-	fmt.Fprintf(tw, "  oldest writing transaction\t%s\n", describeTx(st.OldestWritingTransaction))
+	for _, d := range st.Databases {
+		fmt.Fprintf(tw, "DATABASE %s (modules %s)\n", d.Database, strings.Join(d.Modules, ", "))
+		fmt.Fprintf(tw, "  oldest open transaction on its server\t%s\n", describeTx(d.OldestTransaction))
+		fmt.Fprintf(tw, "  oldest writing transaction on its server\t%s\n", describeTx(d.OldestWritingTransaction))
+	}
 	tw.Flush()
 
 	fmt.Fprintln(w, "HANDLERS")
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "  HANDLER\tQUEUES\tPROCESSED\tSET ASIDE\tQUEUED")
+	fmt.Fprintln(tw, "  MODULE\tHANDLER\tQUEUES\tPROCESSED\tSET ASIDE\tHELD\tQUEUED")
 	for _, h := range st.Handlers {
 		queued := "-"
 		if h.Queued != nil {
 			queued = fmt.Sprint(*h.Queued)
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%d\t%d\t%s\n", h.Handler, queueNames(h.Queues), h.Processed, h.SetAside, queued)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%d\t%d\t%s\n", h.Module, h.Handler, queueNames(h.Queues), h.Processed, h.SetAside, h.Held, queued)
 	}
 	tw.Flush()
-	if st.BrokerError != "" {
+	switch {
+	case st.BrokerError != "":
 		fmt.Fprintf(w, "  (queue depths unavailable: %s)\n", st.BrokerError)
+	case st.Unroutable == nil:
+		fmt.Fprintf(w, "UNROUTABLE %s: no such queue\n", st.UnroutableQueue)
+	case *st.Unroutable > 0:
+		fmt.Fprintf(w, "UNROUTABLE %s: %d events no queue was bound to (outboxctl unroutable list)\n", st.UnroutableQueue, *st.Unroutable)
+	default:
+		fmt.Fprintf(w, "UNROUTABLE %s: empty\n", st.UnroutableQueue)
 	}
 
 	if !st.Stuck {
-		fmt.Fprintln(w, "OK: no event unforwarded for more than", ob.StuckAfter)
+		fmt.Fprintln(w, "OK: no event unforwarded for more than", stuckAfter)
 		return
 	}
-	fmt.Fprintf(w, "STUCK: %d events unforwarded for more than %s; the first:\n", ob.Stuck, ob.StuckAfter)
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "  EVENT ID\tTYPE\tAGE")
-	for _, e := range st.StuckEvents {
-		fmt.Fprintf(tw, "  %s\t%s\t%s\n", e.EventID, e.EventType, roundAge(e.Age))
+	for _, ob := range st.Outboxes {
+		if ob.Stuck == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "STUCK: %d events unforwarded for more than %s in %s; the first:\n", ob.Stuck, ob.StuckAfter, ob.Outbox)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  EVENT ID\tTYPE\tAGE")
+		for _, e := range ob.StuckEvents {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", e.EventID, e.EventType, roundAge(e.Age))
+		}
+		tw.Flush()
 	}
-	tw.Flush()
 }
 
 func describeTx(t *postgres.OpenTransaction) string {
