@@ -37,23 +37,41 @@ func Settle(ctx context.Context, tx postgres.Tx, s *settlement.Settlement, entri
 	if err := transition(ctx, tx, s); err != nil {
 		return err
 	}
-	return AppendEntries(ctx, tx, s.OrderID(), eventID, s.Currency(), occurredAt, entries)
+	return Append(ctx, tx, Posting{OrderID: s.OrderID(), EventID: eventID, Currency: s.Currency(), OccurredAt: occurredAt, Entries: entries})
 }
 
-// AppendEntries appends an order's ledger entries through tx in one
-// statement, in the order given.
-func AppendEntries(ctx context.Context, tx postgres.Tx, orderID, eventID, currency string, occurredAt time.Time, entries []settlement.LedgerEntry) error {
-	var kinds []string
+// Posting is the ledger entries of one settled order.
+type Posting struct {
+	OrderID, EventID, Currency string
+	OccurredAt                 time.Time
+	Entries                    []settlement.LedgerEntry
+}
+
+// Append appends the entries of postings through tx in one statement, in
+// the order given.
+func Append(ctx context.Context, tx postgres.Tx, postings ...Posting) error {
+	var orders, events, kinds, currencies []string
 	var amounts []int64
-	for _, e := range entries {
-		kinds, amounts = append(kinds, e.Kind), append(amounts, e.Amount)
+	var occurred []time.Time
+	for _, p := range postings {
+		for _, e := range p.Entries {
+			orders, events, kinds = append(orders, p.OrderID), append(events, p.EventID), append(kinds, e.Kind)
+			amounts, currencies, occurred = append(amounts, e.Amount), append(currencies, p.Currency), append(occurred, p.OccurredAt)
+		}
+	}
+	if len(orders) == 0 {
+		return nil
 	}
 	if _, err := tx.ExecContext(ctx, `
 		INSERT INTO settlement_entries (order_id, event_id, kind, amount, currency, occurred_at)
-		SELECT $1, $2, e.kind, e.amount, $3, $4
-		FROM unnest($5::text[], $6::bigint[]) WITH ORDINALITY AS e(kind, amount, n)
-		ORDER BY e.n`, orderID, eventID, currency, occurredAt, kinds, amounts); err != nil {
-		return fmt.Errorf("append entries of order %s: %w", orderID, err)
+		SELECT e.order_id, e.event_id, e.kind, e.amount, e.currency, e.occurred_at
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[], $6::timestamptz[])
+			WITH ORDINALITY AS e(order_id, event_id, kind, amount, currency, occurred_at, n)
+		ORDER BY e.n`, orders, events, kinds, amounts, currencies, occurred); err != nil {
+		if len(postings) == 1 {
+			return fmt.Errorf("append entries of order %s: %w", postings[0].OrderID, err)
+		}
+		return fmt.Errorf("append entries of %d orders: %w", len(postings), err)
 	}
 	return nil
 }

@@ -48,20 +48,25 @@ const settleHandlerName = "bench.settle"
 // settleHandler is the benchmark's consumer handler, built with the
 // framework as a module's would be: it appends the ledger entries of each
 // OrderPaid event (the benchmark's orders are committed paid, with their
-// OrderPaid event alone, so its version guard is monotonic). It only writes,
-// so a lane's batch takes the one-round-trip path.
+// OrderPaid event alone, so its version guard is monotonic), those of a
+// batch in one statement (consumer.OnBatch). It only writes, so a lane's
+// batch takes the one-round-trip path.
 func settleHandler() consumer.Handler {
 	return consumer.Handler{
 		Name:     settleHandlerName,
 		Lanes:    8,
 		Ordering: postgres.Monotonic,
-		Cases: []consumer.Case{consumer.On(func(ctx context.Context, tx postgres.Tx, ev consumer.Event[orders.OrderPaidPayload]) ([]domain.Event, error) {
-			p := ev.Payload
-			entries, err := settlement.SettlementEntries(p.Amount)
-			if err != nil {
-				return nil, middleware.Permanent(err)
+		Cases: []consumer.Case{consumer.OnBatch(func(ctx context.Context, tx postgres.Tx, evs []consumer.Event[orders.OrderPaidPayload]) ([]domain.Event, error) {
+			postings := make([]settlementstore.Posting, len(evs))
+			for i, ev := range evs {
+				p := ev.Payload
+				entries, err := settlement.SettlementEntries(p.Amount)
+				if err != nil {
+					return nil, middleware.Permanent(err)
+				}
+				postings[i] = settlementstore.Posting{OrderID: p.OrderID, EventID: ev.ID, Currency: p.Currency, OccurredAt: ev.OccurredAt, Entries: entries}
 			}
-			return nil, settlementstore.AppendEntries(ctx, tx, p.OrderID, ev.ID, p.Currency, ev.OccurredAt, entries)
+			return nil, settlementstore.Append(ctx, tx, postings...)
 		})},
 	}
 }
