@@ -38,7 +38,7 @@ func frameworkPackage(rel string) bool {
 	}
 	top, _, _ := strings.Cut(rel, "/")
 	switch top {
-	case "domain", "app", "adapters", "handlers", "middleware", "consumer", "module":
+	case "domain", "app", "adapters", "handlers", "middleware", "consumer", "module", "outboxctl":
 		return true
 	}
 	return false
@@ -122,7 +122,7 @@ func TestLayout_Classification(t *testing.T) {
 		"domain": "framework", "domain/orders": "sample", "app": "framework", "app/orders": "sample",
 		"adapters/postgres": "framework", "adapters/settlement": "sample", "handlers/httpapi": "framework",
 		"handlers/orders": "sample", "middleware": "framework", "consumer": "framework", "module": "framework",
-		"modules/orders": "sample", "examples/notifications": "sample", "cmd/monolith": "neither", "internal/stack": "neither",
+		"outboxctl": "framework", "modules/orders": "sample", "examples/notifications": "sample", "cmd/monolith": "neither", "internal/stack": "neither",
 	} {
 		got := "neither"
 		if frameworkPackage(rel) {

@@ -1,6 +1,7 @@
-// Package tests holds the end-to-end tests: the orders and settlement
-// commands run as real processes against the real PostgreSQL and RabbitMQ,
-// each test in its own databases and broker namespace.
+// Package tests holds the end-to-end tests: the sample modules run as real
+// processes (the orders and settlement services, or one monolith process
+// running both) against the real PostgreSQL and RabbitMQ, each test in its
+// own databases and broker namespace.
 package tests
 
 import (
@@ -12,7 +13,8 @@ import (
 	"github.com/outboxmill/outboxmill/internal/stack/stacktest"
 )
 
-// binDir holds the commands built once for all tests.
+// binDir holds the commands built once for all tests: orders, settlement,
+// monolith (stacktest.Main builds those) and outboxctl.
 var binDir string
 
 func TestMain(m *testing.M) { os.Exit(stacktest.Main(m, &binDir, nil, "outboxctl")) }

@@ -23,7 +23,7 @@ import (
 	"github.com/outboxmill/outboxmill/domain"
 	orderhandlers "github.com/outboxmill/outboxmill/handlers/orders"
 	settlementhandlers "github.com/outboxmill/outboxmill/handlers/settlement"
-	"github.com/outboxmill/outboxmill/internal/outboxctl"
+	"github.com/outboxmill/outboxmill/outboxctl"
 	"github.com/outboxmill/outboxmill/internal/stack"
 	"github.com/outboxmill/outboxmill/module"
 )

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -17,7 +18,8 @@ import (
 	"github.com/outboxmill/outboxmill/internal/stack/stacktest"
 )
 
-// binDir holds the orders and settlement commands, built once for all tests.
+// binDir holds the orders, settlement and monolith commands, built once for
+// all tests.
 var binDir string
 
 func TestMain(m *testing.M) { os.Exit(stacktest.Main(m, &binDir, nil)) }
@@ -67,25 +69,64 @@ func leftDatabases(t *testing.T, errOut string) []string {
 	return names
 }
 
+var (
+	paidLine      = regexp.MustCompile(`(?m)^  paid +(\d+)$`)
+	cancelledLine = regexp.MustCompile(`(?m)^  cancelled +(\d+)$`)
+	voidedLine    = regexp.MustCompile(`(?m)^  voided +(\d+) `)
+	roundTripLine = regexp.MustCompile(`paid orders that orders sees settled: (\d+) of (\d+)`)
+)
+
+// checkRoundTrip checks that the report shows every paid order seen settled
+// by orders, and every cancelled one voided.
+func checkRoundTrip(t *testing.T, name, report string) {
+	t.Helper()
+	paid, rt := paidLine.FindStringSubmatch(report), roundTripLine.FindStringSubmatch(report)
+	cancelled, voided := cancelledLine.FindStringSubmatch(report), voidedLine.FindStringSubmatch(report)
+	if paid == nil || rt == nil || cancelled == nil || voided == nil {
+		t.Fatalf("%s: report lacks the paid, cancelled, voided or round-trip line:\n%s", name, report)
+	}
+	if rt[1] != paid[1] || rt[2] != paid[1] || paid[1] == "0" {
+		t.Errorf("%s: orders sees %s of %s paid orders settled; the report counts %s paid:\n%s", name, rt[1], rt[2], paid[1], report)
+	}
+	if voided[1] != cancelled[1] {
+		t.Errorf("%s: %s cancelled orders, %s voided:\n%s", name, cancelled[1], voided[1], report)
+	}
+}
+
 func TestRun(t *testing.T) {
 	t.Run("small run settles every paid order", func(t *testing.T) {
-		for _, shared := range []bool{false, true} {
+		for _, tc := range []struct {
+			name   string
+			orders int
+			args   []string
+			mode   string
+			log    string
+		}{
+			{"services", 80, nil, "mode        services", "settlement.log"},
+			{"services, shared database", 80, []string{"-shared-database"}, "mode        services", "settlement.log"},
+			{"monolith", 40, []string{"-monolith"}, "mode        monolith", "monolith.log"},
+		} {
 			var out, errOut syncBuffer
-			args := []string{"-orders", "80", "-concurrency", "4", "-invalid-ratio", "0.1",
-				"-bin-dir", binDir, "-log-dir", t.TempDir(), fmt.Sprintf("-shared-database=%v", shared)}
+			logDir := t.TempDir()
+			args := append([]string{"-orders", fmt.Sprint(tc.orders), "-concurrency", "4", "-invalid-ratio", "0.1",
+				"-bin-dir", binDir, "-log-dir", logDir}, tc.args...)
 			code := run(context.Background(), args, &out, &errOut)
 			report := out.String()
 			if code != exitOK {
-				t.Fatalf("shared=%v: exit %d\nstdout:\n%s\nstderr:\n%s", shared, code, report, errOut.String())
+				t.Fatalf("%s: exit %d\nstdout:\n%s\nstderr:\n%s", tc.name, code, report, errOut.String())
 			}
-			for _, want := range []string{"placed           80", "missing           0", "doubled           0",
-				"wrong             0", "API errors        0", "latency     p50", "Result: OK"} {
+			for _, want := range []string{fmt.Sprintf("placed      %7d", tc.orders), tc.mode, "missing           0", "doubled           0",
+				"wrong             0", "API errors        0", "latency     p50", "orders saw all settled", "Result: OK"} {
 				if !strings.Contains(report, want) {
-					t.Errorf("shared=%v: report lacks %q:\n%s", shared, want, report)
+					t.Errorf("%s: report lacks %q:\n%s", tc.name, want, report)
 				}
 			}
+			checkRoundTrip(t, tc.name, report)
+			if _, err := os.Stat(filepath.Join(logDir, tc.log)); err != nil {
+				t.Errorf("%s: no %s: %v", tc.name, tc.log, err)
+			}
 			if left := leftDatabases(t, errOut.String()); len(left) > 0 {
-				t.Errorf("shared=%v: databases left behind: %v", shared, left)
+				t.Errorf("%s: databases left behind: %v", tc.name, left)
 			}
 		}
 	})
@@ -98,6 +139,19 @@ func TestRun(t *testing.T) {
 		}
 		if strings.Contains(errOut.String(), "databases") || out.String() != "" {
 			t.Fatalf("a run with bad flags did something:\nstdout:\n%s\nstderr:\n%s", out.String(), errOut.String())
+		}
+	})
+
+	t.Run("monolith needs the monolith command", func(t *testing.T) {
+		var out, errOut syncBuffer
+		empty := t.TempDir()
+		code := run(context.Background(), []string{"-monolith", "-bin-dir", empty}, &out, &errOut)
+		if code != exitUsage || !strings.Contains(errOut.String(), "no monolith command at "+filepath.Join(empty, "monolith")) ||
+			!strings.Contains(errOut.String(), "./cmd/monolith") || strings.Contains(errOut.String(), "no orders command") {
+			t.Fatalf("exit %d, stderr:\n%s", code, errOut.String())
+		}
+		if out.String() != "" {
+			t.Fatalf("stdout: %s", out.String())
 		}
 	})
 

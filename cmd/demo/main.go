@@ -1,14 +1,17 @@
 // Command demo runs Outboxmill's main job end to end: it starts the orders
-// and settlement services as processes in fresh databases and a fresh broker
+// and settlement services as processes (or, with -monolith, one monolith
+// process running both modules) in fresh databases and a fresh broker
 // namespace, sends a few thousand orders through the orders HTTP API (placed,
 // most paid, some cancelled, a few invalid operations that must be refused),
-// waits until every paid order is settled, and prints an integrity report
-// comparing both databases.
+// waits until every paid order is settled and orders shows it settled (the
+// round trip: settlement's SettlementRecorded event comes back to orders),
+// and prints an integrity report comparing both databases.
 //
 // It exits 0 only when every paid order was settled exactly once with the
-// right amounts; otherwise it names offending orders and exits 1. It exits 2
-// on bad flags and 130 when interrupted. Progress goes to stderr, the report
-// to stdout.
+// right amounts and orders shows it settled, and every cancelled order's
+// settlement was voided; otherwise it names offending orders and exits 1.
+// It exits 2 on bad flags and 130 when interrupted. Progress goes to stderr,
+// the report to stdout.
 //
 // The servers come from OUTBOXMILL_ADMIN_DATABASE_URL (a PostgreSQL URL whose
 // user may create databases) and AMQP_URL, with defaults for the local
@@ -65,10 +68,14 @@ type config struct {
 	// seed makes the choices per order reproducible.
 	seed uint64
 	// timeout bounds the wait, after the traffic, for every paid order to
-	// be settled.
+	// be settled and shown settled by orders.
 	timeout time.Duration
-	// binDir holds the built orders and settlement commands.
+	// binDir holds the built orders and settlement commands, or the
+	// monolith command with -monolith.
 	binDir string
+	// monolith runs both modules in one monolith process instead of the
+	// orders and settlement services.
+	monolith bool
 	// logDir receives the services' logs; empty means a new temporary
 	// directory.
 	logDir string
@@ -89,9 +96,10 @@ func parseFlags(args []string, stderr io.Writer) (config, int, error) {
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: demo [flags]\n\n"+
-			"Starts the orders and settlement services in fresh databases, sends orders through\n"+
-			"the HTTP API, waits until every paid order is settled and prints an integrity report.\n"+
-			"Exits 0 only if nothing is missing, doubled or wrong.\n\nFlags:\n")
+			"Starts the orders and settlement services (or, with -monolith, one process running\n"+
+			"both modules) in fresh databases, sends orders through the HTTP API, waits until every\n"+
+			"paid order is settled and orders shows it settled, and prints an integrity report.\n"+
+			"Exits 0 only if nothing is missing, doubled or wrong and the round trip is complete.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	fs.IntVar(&cfg.orders, "orders", 3000, "number of orders to place")
@@ -100,10 +108,11 @@ func parseFlags(args []string, stderr io.Writer) (config, int, error) {
 	fs.Float64Var(&cfg.idempotencyRatio, "idempotency-ratio", 0.1, "share of orders placed with an Idempotency-Key and sent twice (0 to 1)")
 	fs.Float64Var(&cfg.invalidRatio, "invalid-ratio", 0.03, "share of orders that also get an invalid operation the API must refuse (0 to 1)")
 	fs.Uint64Var(&cfg.seed, "seed", 1, "seed of the per-order choices (amounts, currencies, which orders are cancelled)")
-	fs.DurationVar(&cfg.timeout, "timeout", 3*time.Minute, "how long to wait, after the last request, for every paid order to be settled")
-	fs.StringVar(&cfg.binDir, "bin-dir", "bin", "directory holding the built orders and settlement commands")
-	fs.StringVar(&cfg.logDir, "log-dir", "", "directory for orders.log and settlement.log (default: a new temporary directory)")
-	fs.BoolVar(&cfg.sharedDatabase, "shared-database", false, "put both services in one database instead of one each")
+	fs.DurationVar(&cfg.timeout, "timeout", 3*time.Minute, "how long to wait, after the last request, for every paid order to be settled and shown settled by orders")
+	fs.StringVar(&cfg.binDir, "bin-dir", "bin", "directory holding the built orders and settlement commands (monolith with -monolith)")
+	fs.BoolVar(&cfg.monolith, "monolith", false, "run both modules in one monolith process instead of the orders and settlement services")
+	fs.StringVar(&cfg.logDir, "log-dir", "", "directory for orders.log and settlement.log, or monolith.log (default: a new temporary directory)")
+	fs.BoolVar(&cfg.sharedDatabase, "shared-database", false, "put both modules in one database instead of one each")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the databases and broker objects at the end")
 	cfg.env.AdminDatabaseURL, cfg.env.AMQPURL = env.AdminDatabaseURL, env.AMQPURL
 	fs.Var(cli.NewSecretURL(&cfg.env.AdminDatabaseURL), "admin-database-url", "PostgreSQL `URL` of a user that may create databases (env OUTBOXMILL_ADMIN_DATABASE_URL)")
@@ -149,12 +158,17 @@ func (c config) validate() error {
 	if c.timeout <= 0 {
 		errs = append(errs, fmt.Errorf("-timeout must be positive, got %s", c.timeout))
 	}
-	for _, name := range []string{"orders", "settlement"} {
+	commands := stack.Config{Monolith: c.monolith}.Commands()
+	var pkgs []string
+	for _, name := range commands {
+		pkgs = append(pkgs, "./cmd/"+name)
+	}
+	for _, name := range commands {
 		path := filepath.Join(c.binDir, name)
 		info, err := os.Stat(path)
 		if err != nil || info.IsDir() || info.Mode()&0o111 == 0 {
-			errs = append(errs, fmt.Errorf("no %s command at %s: build it first (go build -o %s/ ./cmd/orders ./cmd/settlement) or point -bin-dir at it",
-				name, path, c.binDir))
+			errs = append(errs, fmt.Errorf("no %s command at %s: build it first (go build -o %s/ %s) or point -bin-dir at it",
+				name, path, c.binDir, strings.Join(pkgs, " ")))
 		}
 	}
 	return errors.Join(errs...)
@@ -203,6 +217,7 @@ func (d *demo) run(ctx context.Context) int {
 		LogDir:         cfg.logDir,
 		Prefix:         "obm_demo_",
 		SharedDatabase: cfg.sharedDatabase,
+		Monolith:       cfg.monolith,
 	})
 	if err != nil {
 		d.logf("create databases: %v", err)
@@ -212,7 +227,7 @@ func (d *demo) run(ctx context.Context) int {
 		return exitFailed
 	}
 	if cfg.sharedDatabase {
-		d.logf("database %s (shared by both services), broker namespace %s", s.OrdersDB, s.Namespace)
+		d.logf("database %s (shared by both modules), broker namespace %s", s.OrdersDB, s.Namespace)
 	} else {
 		d.logf("databases %s and %s, broker namespace %s", s.OrdersDB, s.SettleDB, s.Namespace)
 	}
@@ -229,7 +244,7 @@ func (d *demo) run(ctx context.Context) int {
 }
 
 // exercise starts the services, sends the traffic, waits for settlement and
-// prints the report. It returns the exit code.
+// the round trip, and prints the report. It returns the exit code.
 func (d *demo) exercise(ctx context.Context, s *stack.Stack) int {
 	if err := s.Start(ctx); err != nil {
 		if ctx.Err() == nil {
@@ -237,7 +252,11 @@ func (d *demo) exercise(ctx context.Context, s *stack.Stack) int {
 		}
 		return exitFailed
 	}
-	d.logf("orders service at %s, settlement service at %s", s.Orders.URL(), s.Settlement.URL())
+	if d.cfg.monolith {
+		d.logf("monolith process (orders and settlement) at %s", s.Orders.URL())
+	} else {
+		d.logf("orders service at %s, settlement service at %s", s.Orders.URL(), s.Settlement.URL())
+	}
 
 	mon, err := newMonitor(ctx, s, d.stderr)
 	if err != nil {
@@ -270,7 +289,8 @@ sending:
 		return exitInterrupted
 	}
 	result := tr.result()
-	d.logf("traffic done in %s; waiting up to %s for every paid order to be settled", result.duration.Round(time.Millisecond), d.cfg.timeout)
+	d.logf("traffic done in %s; waiting up to %s for every paid order to be settled and shown settled by orders",
+		result.duration.Round(time.Millisecond), d.cfg.timeout)
 
 	wait, err := mon.waitSettled(ctx, s, result, d.cfg.timeout, tick.C)
 	if ctx.Err() != nil {
@@ -281,6 +301,7 @@ sending:
 		return exitFailed
 	}
 	rep := newReport(result, wait, d.cfg.timeout)
+	rep.monolith = d.cfg.monolith
 	rep.write(d.stdout)
 	if !rep.ok() {
 		d.logf("service logs in %s", d.cfg.logDir)
@@ -293,16 +314,13 @@ sending:
 // services bound their own drain at 20 s.
 const stopTimeout = 30 * time.Second
 
-// shutdown stops both services gracefully and, unless -keep, removes the
+// shutdown stops the services (or the monolith process) gracefully and, unless -keep, removes the
 // databases and broker objects. It reports whether everything went cleanly.
 // interrupted says the demo was interrupted: a Ctrl-C in a terminal reaches
 // the services too, so one that already stopped by itself is no surprise.
 func (d *demo) shutdown(s *stack.Stack, interrupted bool) bool {
 	clean := true
-	for _, p := range []*stack.Process{s.Orders, s.Settlement} {
-		if p == nil {
-			continue
-		}
+	for _, p := range s.Processes() {
 		if err := stopProcess(p, stopTimeout, interrupted); err != nil {
 			d.logf("%s service did not stop cleanly: %v (see %s)", p.Name, err, filepath.Join(d.cfg.logDir, p.Name+".log"))
 			clean = false

@@ -6,7 +6,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
@@ -15,11 +14,13 @@ import (
 	"github.com/outboxmill/outboxmill/internal/stack"
 )
 
-// monitor watches both databases: how many orders are settled and how many
-// outbox rows the relay has not forwarded yet.
+// monitor watches both databases: how many orders are settled, how many
+// orders sees settled (the round trip) and how many rows of both outboxes
+// (orders' events, settlement's SettlementRecorded) the relays have not
+// forwarded yet.
 type monitor struct {
 	ordersDB *sqlx.DB
-	settle   *pgx.Conn
+	settleDB *sqlx.DB
 	start    time.Time
 	w        io.Writer
 }
@@ -30,17 +31,17 @@ func newMonitor(ctx context.Context, s *stack.Stack, w io.Writer) (*monitor, err
 	if err != nil {
 		return nil, fmt.Errorf("connect to the orders database: %w", err)
 	}
-	settle, err := pgx.Connect(ctx, s.SettlementDatabaseURL())
+	settle, err := postgres.Open(ctx, s.SettlementDatabaseURL(), 1)
 	if err != nil {
 		orders.Close()
 		return nil, fmt.Errorf("connect to the settlement database: %w", err)
 	}
-	return &monitor{ordersDB: orders, settle: settle, start: time.Now(), w: w}, nil
+	return &monitor{ordersDB: orders, settleDB: settle, start: time.Now(), w: w}, nil
 }
 
 func (m *monitor) close() {
 	m.ordersDB.Close()
-	m.settle.Close(context.Background())
+	m.settleDB.Close()
 }
 
 // queryTimeout bounds each monitoring query, so a stuck database shows as an
@@ -52,30 +53,54 @@ func (m *monitor) settled(ctx context.Context) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	var n int64
-	err := m.settle.QueryRow(ctx, `SELECT count(DISTINCT order_id) FROM settlement_entries`).Scan(&n)
-	if err != nil {
+	if err := m.settleDB.GetContext(ctx, &n, `SELECT count(DISTINCT order_id) FROM settlement_entries`); err != nil {
 		return 0, fmt.Errorf("count settled orders: %w", err)
 	}
 	return n, nil
 }
 
-// backlog counts the outbox rows past the relay's stored position:
-// committed events not yet forwarded to the broker.
+// roundTripped counts the orders the orders database shows settled:
+// settlement's SettlementRecorded came back.
+func (m *monitor) roundTripped(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	var n int64
+	if err := m.ordersDB.GetContext(ctx, &n, `SELECT count(*) FROM orders WHERE settled`); err != nil {
+		return 0, fmt.Errorf("count orders seen settled: %w", err)
+	}
+	return n, nil
+}
+
+// backlog counts the rows of both outboxes past their relay's stored
+// position: committed events not yet forwarded to the broker.
 func (m *monitor) backlog(ctx context.Context) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
-	st, err := outbox.Inspect(ctx, m.ordersDB, outbox.ForModule("orders"), relay.DefaultConsumerGroup, time.Hour)
-	if err != nil {
-		return 0, fmt.Errorf("count outbox backlog: %w", err)
+	var total int64
+	for _, box := range []struct {
+		db     *sqlx.DB
+		module string
+	}{{m.ordersDB, "orders"}, {m.settleDB, "settlement"}} {
+		st, err := outbox.Inspect(ctx, box.db, outbox.ForModule(box.module), relay.DefaultConsumerGroup, time.Hour)
+		if err != nil {
+			return 0, fmt.Errorf("count %s outbox backlog: %w", box.module, err)
+		}
+		total += st.Backlog
 	}
-	return st.Backlog, nil
+	return total, nil
 }
 
-// progress prints one line: the client's counts, the settled orders and the
-// outbox backlog.
+// progress prints one line: the client's counts, the settled orders, the
+// orders that orders sees settled and the outboxes' backlog.
 func (m *monitor) progress(ctx context.Context, c counts) {
 	line := fmt.Sprintf("[%6.1fs] placed %6d  paid %6d  cancelled %5d  settled ", time.Since(m.start).Seconds(), c.Placed, c.Paid, c.Cancelled)
 	if n, err := m.settled(ctx); err != nil {
+		line += fmt.Sprintf("? (%v)", err)
+	} else {
+		line += fmt.Sprintf("%6d", n)
+	}
+	line += "  round trip "
+	if n, err := m.roundTripped(ctx); err != nil {
 		line += fmt.Sprintf("? (%v)", err)
 	} else {
 		line += fmt.Sprintf("%6d", n)
@@ -91,14 +116,19 @@ func (m *monitor) progress(ctx context.Context, c counts) {
 	}
 }
 
-// waitResult is how the wait for settlement ended.
+// waitResult is how the wait for settlement and the round trip ended.
 type waitResult struct {
 	// books is the final comparison of both databases.
 	books stack.Books
-	// settledAfter is how long after the traffic the last paid order was
-	// seen settled; zero when not all were.
+	// settledAfter is how long after the traffic every order's settlement
+	// was seen where its order's status calls for (every paid order
+	// settled, every cancelled one voided); zero when not all were.
 	settledAfter time.Duration
-	// timedOut says the timeout passed with paid orders still unsettled.
+	// roundTripAfter is how long after the traffic orders was seen showing
+	// every paid order settled; zero when it did not.
+	roundTripAfter time.Duration
+	// timedOut says the timeout passed with orders still unsettled or not
+	// seen settled by orders.
 	timedOut bool
 	// exited names a service that exited during the wait.
 	exited string
@@ -110,9 +140,11 @@ type waitResult struct {
 // settlePoll is how often the wait checks whether everything is settled.
 const settlePoll = 100 * time.Millisecond
 
-// waitSettled waits until every paid order has ledger entries, timeout
-// passes after the traffic ended, or a service exits, printing progress on
-// every tick. It then compares both databases.
+// waitSettled waits until every paid order has ledger entries, every
+// cancelled order a voided settlement and orders shows every paid order
+// settled (the round trip), or timeout passes after the traffic ended, or a
+// service exits, printing progress on every tick. It then compares both
+// databases.
 func (m *monitor) waitSettled(ctx context.Context, s *stack.Stack, tr trafficResult, timeout time.Duration, tick <-chan time.Time) (res waitResult, err error) {
 	res.backlog = -1
 	defer func() {
@@ -124,20 +156,14 @@ func (m *monitor) waitSettled(ctx context.Context, s *stack.Stack, tr trafficRes
 	poll := time.NewTicker(settlePoll)
 	defer poll.Stop()
 	for {
-		if n, err := m.settled(ctx); err == nil && n >= tr.Paid {
-			// Every order the client paid has entries; the books decide
-			// whether every order the database holds as paid does.
-			books, err := s.CheckBooks(ctx)
-			if err != nil {
-				return res, fmt.Errorf("check books: %w", err)
-			}
-			if len(books.Missing) == 0 {
-				res.books = books
-				res.settledAfter = time.Since(tr.ended)
-				return res, nil
-			}
+		done, err := m.check(ctx, s, tr, &res)
+		if err != nil {
+			return res, err
 		}
-		for _, p := range []*stack.Process{s.Orders, s.Settlement} {
+		if done {
+			return res, nil
+		}
+		for _, p := range s.Processes() {
 			if p.Exited() {
 				res.exited = p.Name
 			}
@@ -158,4 +184,36 @@ func (m *monitor) waitSettled(ctx context.Context, s *stack.Stack, tr trafficRes
 		return res, fmt.Errorf("check books: %w", err)
 	}
 	return res, nil
+}
+
+// check looks once whether the wait is over, noting in res when settlement
+// and then the round trip were complete. Cheap counts come first: the books
+// are compared only once they say every paid order may be there.
+func (m *monitor) check(ctx context.Context, s *stack.Stack, tr trafficResult, res *waitResult) (done bool, err error) {
+	if n, err := m.settled(ctx); err != nil || n < tr.Paid {
+		return false, nil
+	}
+	if res.settledAfter != 0 {
+		if n, err := m.roundTripped(ctx); err != nil || n < tr.Paid {
+			return false, nil
+		}
+	}
+	// The books decide whether every order the database holds is where it
+	// should be.
+	books, err := s.CheckBooks(ctx)
+	if err != nil {
+		return false, fmt.Errorf("check books: %w", err)
+	}
+	if len(books.Missing)+len(books.Unopened)+len(books.Unvoided) > 0 {
+		return false, nil
+	}
+	if res.settledAfter == 0 {
+		res.settledAfter = time.Since(tr.ended)
+	}
+	if len(books.NotRoundTripped) > 0 {
+		return false, nil
+	}
+	res.books = books
+	res.roundTripAfter = time.Since(tr.ended)
+	return true, nil
 }

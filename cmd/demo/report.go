@@ -10,11 +10,13 @@ import (
 )
 
 // report is the demo's integrity report: what the client did, what both
-// databases hold, and whether they agree.
+// databases hold, and whether they agree, the round trip included.
 type report struct {
 	traffic trafficResult
 	wait    waitResult
 	timeout time.Duration
+	// monolith says both modules ran in one monolith process.
+	monolith bool
 }
 
 func newReport(tr trafficResult, wait waitResult, timeout time.Duration) report {
@@ -26,21 +28,37 @@ func (r report) problems() []string {
 	b, tr := r.wait.books, r.traffic
 	var out []string
 	add := func(format string, args ...any) { out = append(out, fmt.Sprintf(format, args...)) }
+	why := ""
+	if r.wait.timedOut {
+		why = fmt.Sprintf(" within %s after the traffic", r.timeout)
+	}
 	if n := len(b.Missing); n > 0 {
-		why := ""
-		if r.wait.timedOut {
-			why = fmt.Sprintf(" within %s after the traffic", r.timeout)
-		}
 		add("%d paid orders were not settled%s: %s", n, why, sample(b.Missing))
+	}
+	if n := len(b.Unvoided); n > 0 {
+		add("%d cancelled orders did not have their settlement voided%s: %s", n, why, sample(b.Unvoided))
+	}
+	if n := len(b.Unopened); n > 0 {
+		add("%d placed orders had no settlement opened%s: %s", n, why, sample(b.Unopened))
+	}
+	if n := len(b.NotRoundTripped); n > 0 {
+		add("%d paid orders settled by settlement were not seen settled by orders%s (the round trip is incomplete): %s", n, why, sample(b.NotRoundTripped))
 	}
 	if n := len(b.Doubled); n > 0 {
 		add("%d orders were settled more than once: %s", n, sample(b.Doubled))
 	}
 	if n := len(b.Wrong); n > 0 {
-		add("%d orders have wrong ledger entries (wrong sum, or entries for an order that was not paid): %s", n, sample(b.Wrong))
+		add("%d orders have a wrong settlement (wrong entries or sum, entries or a state that does not match the order's, or no such order): %s", n, sample(b.Wrong))
 	}
-	if b.Settled != b.Paid && len(b.Missing)+len(b.Doubled)+len(b.Wrong) == 0 {
+	listed := len(b.Missing) + len(b.Unvoided) + len(b.Unopened) + len(b.Doubled) + len(b.Wrong)
+	if b.Settled != b.Paid && listed == 0 {
 		add("%d orders are paid but %d are settled", b.Paid, b.Settled)
+	}
+	if b.Voided != b.Cancelled && listed == 0 {
+		add("%d orders are cancelled but %d settlements are voided", b.Cancelled, b.Voided)
+	}
+	if b.RoundTripped != b.Paid && listed+len(b.NotRoundTripped) == 0 {
+		add("%d orders are paid but orders sees %d settled", b.Paid, b.RoundTripped)
 	}
 	if r.wait.exited != "" {
 		add("the %s service exited during the run", r.wait.exited)
@@ -72,12 +90,22 @@ func (r report) write(w io.Writer) {
 		refused += n
 	}
 	fmt.Fprintln(w, "Integrity report (orders and settlement databases compared)")
+	if r.monolith {
+		fmt.Fprintln(w, "  mode        monolith: orders and settlement in one process")
+	} else {
+		fmt.Fprintln(w, "  mode        services: orders and settlement as two processes")
+	}
 	fmt.Fprintf(w, "  placed      %7d  orders (%d with an Idempotency-Key, each sent twice: %d retries returned the same order)\n",
 		b.Placed, tr.keyed, tr.idempotentRetries)
 	fmt.Fprintf(w, "  paid        %7d\n", b.Paid)
 	fmt.Fprintf(w, "  cancelled   %7d\n", b.Cancelled)
 	fmt.Fprintf(w, "  settled     %7d  paid orders with exactly one fee and one credit entry summing to the amount\n", b.Settled)
-	fmt.Fprintf(w, "  missing     %7d\n", len(b.Missing))
+	fmt.Fprintf(w, "  voided      %7d  cancelled orders whose settlement was voided, with no entries\n", b.Voided)
+	if b.Pending > 0 {
+		fmt.Fprintf(w, "  pending     %7d  orders neither paid nor cancelled, their settlement pending\n", b.Pending)
+	}
+	fmt.Fprintf(w, "  round trip  %7d  paid orders that orders sees settled: %d of %d\n", b.RoundTripped, b.RoundTripped, b.Paid)
+	fmt.Fprintf(w, "  missing     %7d\n", len(b.Missing)+len(b.Unvoided)+len(b.Unopened))
 	fmt.Fprintf(w, "  doubled     %7d\n", len(b.Doubled))
 	fmt.Fprintf(w, "  wrong       %7d\n", len(b.Wrong))
 	fmt.Fprintf(w, "  refused     %7d  invalid operations, as expected", refused)
@@ -87,11 +115,15 @@ func (r report) write(w io.Writer) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "  API errors  %7d\n", tr.apiErrors)
 	if r.wait.backlog >= 0 {
-		fmt.Fprintf(w, "  backlog     %7d  outbox rows not yet forwarded at the end\n", r.wait.backlog)
+		fmt.Fprintf(w, "  backlog     %7d  rows of both outboxes not yet forwarded at the end\n", r.wait.backlog)
 	}
 	if len(b.Latencies) > 0 {
 		fmt.Fprintf(w, "  latency     p50 %s  p99 %s  max %s  (OrderPaid raised -> ledger entries written)\n",
 			ms(percentile(b.Latencies, 0.50)), ms(percentile(b.Latencies, 0.99)), ms(percentile(b.Latencies, 1)))
+	}
+	if l := b.RoundTripLatencies; len(l) > 0 {
+		fmt.Fprintf(w, "              p50 %s  p99 %s  max %s  (OrderPaid raised -> orders shows the order settled)\n",
+			ms(percentile(l, 0.50)), ms(percentile(l, 0.99)), ms(percentile(l, 1)))
 	}
 	secs := tr.duration.Seconds()
 	fmt.Fprintf(w, "  traffic     %s: %d requests, %.0f orders/s, %.0f requests/s\n",
@@ -101,9 +133,13 @@ func (r report) write(w io.Writer) {
 		fmt.Fprintf(w, "  settled all %s after the last request (%.0f settlements/s over the whole run)\n",
 			r.wait.settledAfter.Round(time.Millisecond), rate(int64(b.Settled), total.Seconds()))
 	}
+	if r.wait.roundTripAfter > 0 {
+		fmt.Fprintf(w, "  orders saw all settled %s after the last request\n", r.wait.roundTripAfter.Round(time.Millisecond))
+	}
 	problems := r.problems()
 	if len(problems) == 0 {
-		fmt.Fprintln(w, "Result: OK: every paid order was settled exactly once with the right amounts.")
+		fmt.Fprintln(w, "Result: OK: every paid order was settled exactly once with the right amounts and orders sees it settled;",
+			"every cancelled order's settlement was voided.")
 		return
 	}
 	fmt.Fprintln(w, "Result: FAILED")

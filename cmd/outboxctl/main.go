@@ -12,7 +12,7 @@ import (
 	"os"
 
 	"github.com/outboxmill/outboxmill/internal/cli"
-	"github.com/outboxmill/outboxmill/internal/outboxctl"
+	"github.com/outboxmill/outboxmill/outboxctl"
 	"github.com/outboxmill/outboxmill/modules"
 )
 

@@ -12,7 +12,9 @@ func TestRun(t *testing.T) {
 	clitest.Run(t, run, []string{"QUEUE_TYPE", "LOG_LEVEL", "OUTBOXMILL_NAMESPACE"}, []clitest.Case{
 		{Name: "help", Args: []string{"-h"}, Code: 0, StderrHas: []string{"-database-url", "DATABASE_URL", "-consumer", "-batch", "-prefetch", "-max-retries"}},
 		{Name: "positional argument", Args: []string{"consume"}, Code: 2, StderrHas: []string{`unexpected argument "consume"`}},
-		{Name: "unknown flag", Args: []string{"-relay"}, Code: 2, StderrHas: []string{"flag provided but not defined: -relay"}},
+		{Name: "unknown flag", Args: []string{"-workers", "3"}, Code: 2, StderrHas: []string{"flag provided but not defined: -workers"}},
+		{Name: "unknown module", Args: []string{"-modules", "settlement,billing"}, Code: 1, StderrHas: []string{"settlement: ", `unknown module "billing"`}},
+		{Name: "database of one module", Args: []string{"-settlement-database-url", clitest.UnreachableDatabase}, Code: 1, StderrHas: []string{"module settlement: connect to database"}},
 		{Name: "malformed flag value", Args: []string{"-prefetch", "many"}, Code: 2, StderrHas: []string{"-prefetch"}},
 		{Name: "unknown queue type", Args: []string{"-queue-type", "foo"}, Code: 1, StderrHas: []string{"settlement: ", `queue type "foo"`}},
 		{Name: "unknown queue type from env", Env: map[string]string{"QUEUE_TYPE": "lazy"}, Code: 1, StderrHas: []string{`queue type "lazy"`}},

@@ -31,12 +31,19 @@ type Order struct {
 	Currency   string `json:"currency"`
 	Status     string `json:"status"`
 	Version    int    `json:"version"`
+	// Settled says settlement recorded the paid order (SettlementRecorded
+	// came back to orders).
+	Settled bool `json:"settled"`
 }
 
 // Settlement is the settlement API's answer.
 type Settlement struct {
 	OrderID string `json:"order_id"`
-	Entries []struct {
+	// Status is pending (the order was placed), settled (paid: the entries
+	// are booked) or voided (cancelled).
+	Status   string `json:"status"`
+	Currency string `json:"currency"`
+	Entries  []struct {
 		Kind   string `json:"kind"`
 		Amount int64  `json:"amount"`
 	} `json:"entries"`
@@ -115,6 +122,13 @@ func (c *Client) Pay(ctx context.Context, base, id string, amount int64) (Order,
 func (c *Client) Cancel(ctx context.Context, base, id string) (Order, error) {
 	var o Order
 	_, err := c.Do(ctx, http.MethodPost, base+"/orders/"+id+"/cancel", nil, nil, &o)
+	return o, err
+}
+
+// Order fetches an order; a 404 is a *StatusError.
+func (c *Client) Order(ctx context.Context, base, id string) (Order, error) {
+	var o Order
+	_, err := c.Do(ctx, http.MethodGet, base+"/orders/"+id, nil, nil, &o)
 	return o, err
 }
 

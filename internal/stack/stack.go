@@ -1,6 +1,7 @@
-// Package stack starts the sample services as real processes against real
-// PostgreSQL and RabbitMQ, each run in its own databases and broker
-// namespace, and removes what it created. The demo, the end-to-end and
+// Package stack starts the sample modules as real processes against real
+// PostgreSQL and RabbitMQ, as the orders and settlement services or as one
+// monolith process (Config.Monolith), each run in its own databases and
+// broker namespace, and removes what it created. The demo, the end-to-end and
 // fault-injection tests and the benchmark use it.
 package stack
 
@@ -70,8 +71,9 @@ func Topology(ns string) (rabbitmq.Topology, error) {
 	return modules.Samples().Topology(module.Names{Namespace: ns}, "")
 }
 
-// Build compiles the service commands into dir and returns dir. moduleDir is
-// the module's root.
+// Build compiles the named commands (./cmd/<name>) into dir. moduleDir is
+// the module's root. A stack starts orders and settlement, or monolith in
+// monolith mode (Config.Commands, ServiceCommands for both).
 func Build(ctx context.Context, moduleDir, dir string, commands ...string) error {
 	args := []string{"build", "-o", dir + string(os.PathSeparator)}
 	for _, c := range commands {
@@ -106,7 +108,7 @@ func ModuleDir() (string, error) {
 
 // Process is a service started as a child process.
 type Process struct {
-	// Name is the command's name ("orders", "settlement").
+	// Name is the command's name ("orders", "settlement", "monolith").
 	Name string
 	// Addr is the HTTP address the service announced.
 	Addr string
@@ -122,7 +124,8 @@ type Process struct {
 	err  error
 }
 
-// running matches the line a service logs once it serves.
+// running matches the line a service logs once it serves:
+// msg="outboxmill service running" http_addr=127.0.0.1:41234 modules=...
 var running = regexp.MustCompile(`service running" http_addr=(\S+)`)
 
 // Start starts the command bin with args and extra environment env, appending

@@ -14,8 +14,9 @@ import (
 	"github.com/outboxmill/outboxmill/internal/stack"
 )
 
-// Main builds the orders and settlement commands, and the extra ones, into a
-// temporary directory, sets *binDir to it, runs the tests, calls after (when
+// Main builds the commands a stack starts in either mode (orders,
+// settlement and monolith: stack.ServiceCommands), and the extra ones, into
+// a temporary directory, sets *binDir to it, runs the tests, calls after (when
 // not nil) and removes the directory. It returns the exit code for os.Exit;
 // use it from TestMain.
 func Main(m *testing.M, binDir *string, after func(), extra ...string) int {
@@ -32,7 +33,7 @@ func Main(m *testing.M, binDir *string, after func(), extra ...string) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if err := stack.Build(ctx, moduleDir, dir, append([]string{"orders", "settlement"}, extra...)...); err != nil {
+	if err := stack.Build(ctx, moduleDir, dir, append(append([]string{}, stack.ServiceCommands...), extra...)...); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

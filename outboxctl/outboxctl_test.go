@@ -16,7 +16,7 @@ import (
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/domain/settlement"
 	"github.com/outboxmill/outboxmill/internal/cli/clitest"
-	"github.com/outboxmill/outboxmill/internal/outboxctl"
+	"github.com/outboxmill/outboxmill/outboxctl"
 	"github.com/outboxmill/outboxmill/internal/testdb"
 	"github.com/outboxmill/outboxmill/module"
 	"github.com/outboxmill/outboxmill/modules"

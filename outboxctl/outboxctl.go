@@ -7,10 +7,10 @@
 // module that publishes has its outbox in its own database, every handler
 // its dedup markers and set-aside messages in its module's database.
 // cmd/outboxctl passes the sample modules (modules.Samples()); a team's own
-// command built in this Go module calls the same Main with its own set:
+// command calls the same Main with its own set:
 //
 //	func main() {
-//		ctx, stop := cli.SignalContext()
+//		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 //		code := outboxctl.Main(ctx, module.Set{billing.Module(), shipping.Module()}, os.Args[1:], os.Stdout, os.Stderr)
 //		stop()
 //		os.Exit(code)
