@@ -82,46 +82,60 @@ type VersionGuard struct {
 	Ordering Ordering
 }
 
-// Check decides on one event inside tx, recording its version when it is
-// applied. A gap returns a *GapError. The aggregate's row is locked until tx
-// ends, so that concurrent handlers of one aggregate take turns.
+// Check decides on one event inside tx, in one statement, recording its
+// version when it is applied. A gap returns a *GapError. The aggregate's
+// row is locked until tx ends, so that concurrent handlers of one aggregate
+// take turns.
 func (g VersionGuard) Check(ctx context.Context, tx *sqlx.Tx, ref AggregateRef) (Verdict, error) {
 	if g.Ordering == Unordered {
 		return Apply, nil
 	}
-	var current int
-	err := tx.GetContext(ctx, &current, `
-		SELECT version FROM aggregate_versions
-		WHERE handler = $1 AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE`, g.Handler, ref.Type, ref.ID)
-	if errors.Is(err, sql.ErrNoRows) {
-		if g.Ordering == Strict && ref.Version != 1 {
-			return 0, &GapError{AggregateType: ref.Type, AggregateID: ref.ID, Expected: 1, Got: ref.Version}
-		}
-		_, err = tx.ExecContext(ctx, `
-			INSERT INTO aggregate_versions (handler, aggregate_type, aggregate_id, version) VALUES ($1, $2, $3, $4)`,
-			g.Handler, ref.Type, ref.ID, ref.Version)
-		if err != nil {
-			return 0, fmt.Errorf("version guard: record %s %s version %d: %w", ref.Type, ref.ID, ref.Version, err)
-		}
-		return Apply, nil
+	// The row as it was (locked), and whether the upsert applied the
+	// event: a new aggregate is inserted only at version 1 (Strict), an
+	// existing one moves only to the next version (Strict) or a newer one
+	// (Monotonic).
+	insertNew, expect := `$4 = 1`, `v.version = EXCLUDED.version - 1`
+	if g.Ordering == Monotonic {
+		insertNew, expect = `true`, `v.version < EXCLUDED.version`
 	}
+	var row struct {
+		Current sql.NullInt64 `db:"current"`
+		Applied bool          `db:"applied"`
+	}
+	err := tx.GetContext(ctx, &row, `
+		WITH cur AS (
+			SELECT version FROM aggregate_versions
+			WHERE handler = $1 AND aggregate_type = $2 AND aggregate_id = $3 FOR UPDATE
+		), up AS (
+			INSERT INTO aggregate_versions AS v (handler, aggregate_type, aggregate_id, version)
+			SELECT $1, $2, $3, $4 WHERE `+insertNew+` OR EXISTS (SELECT 1 FROM cur)
+			ON CONFLICT (handler, aggregate_type, aggregate_id)
+			DO UPDATE SET version = EXCLUDED.version, applied_at = now() WHERE `+expect+`
+			RETURNING 1
+		)
+		SELECT (SELECT version FROM cur) AS current, EXISTS (SELECT 1 FROM up) AS applied`,
+		g.Handler, ref.Type, ref.ID, ref.Version)
 	if err != nil {
-		return 0, fmt.Errorf("version guard: read %s %s: %w", ref.Type, ref.ID, err)
+		return 0, fmt.Errorf("version guard: %s %s version %d: %w", ref.Type, ref.ID, ref.Version, err)
 	}
+	current := int(row.Current.Int64) // 0 when the aggregate is new
 	switch {
-	case ref.Version <= current:
+	case row.Applied:
+		return Apply, nil
+	case row.Current.Valid && ref.Version <= current:
 		return Stale, nil
-	case g.Ordering == Strict && ref.Version != current+1:
-		return 0, &GapError{AggregateType: ref.Type, AggregateID: ref.ID, Expected: current + 1, Got: ref.Version}
+	case !row.Current.Valid && (g.Ordering == Monotonic || ref.Version == 1),
+		row.Current.Valid && g.Ordering == Monotonic:
+		// Neither applied nor stale: a concurrent transaction inserted
+		// the aggregate's row after this statement's snapshot.
+		return 0, fmt.Errorf("version guard: %s %s version %d: %w", ref.Type, ref.ID, ref.Version, errConcurrentVersion)
 	}
-	if _, err := tx.ExecContext(ctx, `
-		UPDATE aggregate_versions SET version = $4, applied_at = now()
-		WHERE handler = $1 AND aggregate_type = $2 AND aggregate_id = $3`,
-		g.Handler, ref.Type, ref.ID, ref.Version); err != nil {
-		return 0, fmt.Errorf("version guard: record %s %s version %d: %w", ref.Type, ref.ID, ref.Version, err)
-	}
-	return Apply, nil
+	return 0, &GapError{AggregateType: ref.Type, AggregateID: ref.ID, Expected: current + 1, Got: ref.Version}
 }
+
+// errConcurrentVersion is returned when the version row changed between
+// the statement's snapshot and its lock; retrying sees the new row.
+var errConcurrentVersion = errors.New("the aggregate's version changed meanwhile; try again")
 
 // CheckBatch decides on the events of a batch, in their order, inside tx,
 // with one read and one write: the verdict of each, or the *GapError of the
@@ -176,12 +190,19 @@ func (g VersionGuard) CheckBatch(ctx context.Context, tx *sqlx.Tx, refs []Aggreg
 	for k, v := range changed {
 		types, ids, versions = append(types, k.t), append(ids, k.id), append(versions, v)
 	}
-	if _, err := tx.ExecContext(ctx, `
-		INSERT INTO aggregate_versions (handler, aggregate_type, aggregate_id, version)
-		SELECT $1, t, i, v FROM unnest($2::text[], $3::text[], $4::int[]) AS a(t, i, v) ORDER BY t, i
-		ON CONFLICT (handler, aggregate_type, aggregate_id) DO UPDATE SET version = EXCLUDED.version, applied_at = now()`,
-		g.Handler, types, ids, versions); err != nil {
+	// Only forward: a row a concurrent transaction inserted after the read
+	// above is not overwritten, and the count tells.
+	res, err := tx.ExecContext(ctx, `
+		INSERT INTO aggregate_versions AS v (handler, aggregate_type, aggregate_id, version)
+		SELECT $1, t, i, x FROM unnest($2::text[], $3::text[], $4::int[]) AS a(t, i, x) ORDER BY t, i
+		ON CONFLICT (handler, aggregate_type, aggregate_id) DO UPDATE SET version = EXCLUDED.version, applied_at = now()
+		WHERE v.version < EXCLUDED.version`,
+		g.Handler, types, ids, versions)
+	if err != nil {
 		return nil, fmt.Errorf("version guard: record %d aggregates: %w", len(changed), err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n != int64(len(changed)) {
+		return nil, fmt.Errorf("version guard: record %d aggregates: %w", len(changed), errConcurrentVersion)
 	}
 	return verdicts, nil
 }
