@@ -274,11 +274,13 @@ func New(ctx context.Context, set Set, config Config) (p *Process, err error) {
 		if tables[db] == nil {
 			tables[db] = &metrics.Database{DB: db}
 			dbOrder = append(dbOrder, db)
-			purger, err := p.purger(retention.NewDedupPurger(db, p.policy(retentionMetrics)))
-			if err != nil {
-				return nil, err
+			for _, newPurger := range []func(*sqlx.DB, retention.Config) (*retention.Purger, error){retention.NewDedupPurger, retention.NewVersionPurger} {
+				purger, err := p.purger(newPurger(db, p.policy(retentionMetrics)))
+				if err != nil {
+					return nil, err
+				}
+				retentionMetrics.Table(purger.Table())
 			}
-			retentionMetrics.Table(purger.Table())
 		}
 		rt := Runtime{DB: db, Registry: p.registry, Metrics: reg, Logger: config.Logger.With("module", name)}
 		var writer *outbox.Writer

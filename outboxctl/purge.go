@@ -7,6 +7,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/outboxmill/outboxmill/adapters/retention"
 	"github.com/outboxmill/outboxmill/internal/cli"
 )
@@ -74,17 +76,19 @@ func purge(ctx context.Context, c *cmdline, args []string) error {
 		if !d.hasHandlers() {
 			continue
 		}
-		p, err := retention.NewDedupPurger(d.db, policy)
-		if err != nil {
-			return err
-		}
 		var mods []string
 		for _, m := range d.modules {
 			if len(m.Handlers) > 0 {
 				mods = append(mods, m.Name)
 			}
 		}
-		jobs = append(jobs, job{p, d, mods})
+		for _, newPurger := range []func(*sqlx.DB, retention.Config) (*retention.Purger, error){retention.NewDedupPurger, retention.NewVersionPurger} {
+			p, err := newPurger(d.db, policy)
+			if err != nil {
+				return err
+			}
+			jobs = append(jobs, job{p, d, mods})
+		}
 	}
 	results := []PurgeJSON{}
 	for _, j := range jobs {

@@ -196,6 +196,35 @@ func NewDedupPurger(db *sqlx.DB, config Config) (*Purger, error) {
 	}, nil
 }
 
+// NewVersionPurger returns a purger of the aggregate_versions rows in db
+// (the last version each handler applied per aggregate) not written to for
+// longer than the dedup window, keeping those of an aggregate that still
+// has a message held back for that handler. Past the dedup window no copy
+// of the aggregate's earlier events can come back, as for dedup markers.
+func NewVersionPurger(db *sqlx.DB, config Config) (*Purger, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	const old = `v.applied_at < now() - $1::bigint * interval '1 microsecond'`
+	const held = `EXISTS (SELECT 1 FROM set_aside_messages s WHERE s.handler = v.handler
+		AND s.aggregate_type = v.aggregate_type AND s.aggregate_id = v.aggregate_id AND s.held_until IS NOT NULL)`
+	return &Purger{
+		db: db, config: config, table: "aggregate_versions", olderThan: config.DedupWindow,
+		prepare: func(context.Context, *sqlx.Conn) ([]any, error) {
+			return []any{config.DedupWindow.Microseconds()}, nil
+		},
+		count: `SELECT count(*) FROM aggregate_versions v WHERE ` + old + ` AND NOT ` + held,
+		held:  `SELECT count(*) FROM aggregate_versions v WHERE ` + old + ` AND ` + held,
+		batch: `WITH doomed AS (
+				SELECT v.handler, v.aggregate_type, v.aggregate_id FROM aggregate_versions v
+				WHERE ` + old + ` AND NOT ` + held + `
+				ORDER BY v.applied_at LIMIT $2)
+			DELETE FROM aggregate_versions t USING doomed
+			WHERE t.handler = doomed.handler AND t.aggregate_type = doomed.aggregate_type AND t.aggregate_id = doomed.aggregate_id`,
+	}, nil
+}
+
 // Table returns the table the purger purges.
 func (p *Purger) Table() string { return p.table }
 

@@ -199,3 +199,54 @@ func TestPurger_PurgeDedup(t *testing.T) {
 		t.Fatalf("markers left %v, want %v", left, want)
 	}
 }
+
+func TestPurger_PurgeVersions(t *testing.T) {
+	t.Parallel()
+	db := testdb.NewServices(t)
+	ctx := context.Background()
+	version := func(handler, aggregate string, age time.Duration) {
+		t.Helper()
+		if _, err := db.Exec(`INSERT INTO aggregate_versions (handler, aggregate_type, aggregate_id, version, applied_at)
+			VALUES ($1, 'Order', $2, 1, now() - $3::bigint * interval '1 microsecond')`, handler, aggregate, age.Microseconds()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hold := func(handler, aggregate string) {
+		t.Helper()
+		if _, err := db.Exec(`INSERT INTO set_aside_messages (handler, message_id, topic, payload, reason, attempts,
+			aggregate_type, aggregate_id, aggregate_version, held_until)
+			VALUES ($1, $2, 'q', '\x00', 'gap: expected version 2, got 3', 1, 'Order', $2, 3, now() + interval '1 minute')`, handler, aggregate); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := 15 * 24 * time.Hour
+	version("h", "old-1", old)
+	version("h", "old-2", old)
+	version("h", "old-held", old)
+	hold("h", "old-held")
+	version("h", "old-held-elsewhere", old)
+	hold("other-handler", "old-held-elsewhere")
+	version("h", "recent", time.Hour)
+
+	p, err := NewVersionPurger(db.DB, Config{BatchSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := p.Purge(ctx, true); err != nil || res.Purged != 3 || res.Held != 1 {
+		t.Fatalf("dry run = %+v, %v; want 3 to purge and 1 held", res, err)
+	}
+	res, err := p.Purge(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Purged != 3 || res.Held != 1 || res.Batches != 2 {
+		t.Fatalf("purge = %+v, want 3 purged in 2 batches and 1 held", res)
+	}
+	var left []string
+	if err := db.Select(&left, `SELECT aggregate_id FROM aggregate_versions ORDER BY aggregate_id`); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"old-held", "recent"}; !slices.Equal(left, want) {
+		t.Fatalf("versions left %v, want %v", left, want)
+	}
+}

@@ -61,3 +61,5 @@ CREATE TABLE IF NOT EXISTS aggregate_versions (
 	applied_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
 	PRIMARY KEY (handler, aggregate_type, aggregate_id)
 );
+-- Retention purges the rows not written to for longer than the dedup window.
+CREATE INDEX IF NOT EXISTS aggregate_versions_applied_at ON aggregate_versions (applied_at);
