@@ -16,10 +16,10 @@ import (
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/domain/settlement"
 	"github.com/outboxmill/outboxmill/internal/cli/clitest"
-	"github.com/outboxmill/outboxmill/outboxctl"
 	"github.com/outboxmill/outboxmill/internal/testdb"
 	"github.com/outboxmill/outboxmill/module"
 	"github.com/outboxmill/outboxmill/modules"
+	"github.com/outboxmill/outboxmill/outboxctl"
 )
 
 // A third module beside the samples, in a database of its own: it

@@ -23,9 +23,9 @@ import (
 	"github.com/outboxmill/outboxmill/domain"
 	orderhandlers "github.com/outboxmill/outboxmill/handlers/orders"
 	settlementhandlers "github.com/outboxmill/outboxmill/handlers/settlement"
-	"github.com/outboxmill/outboxmill/outboxctl"
 	"github.com/outboxmill/outboxmill/internal/stack"
 	"github.com/outboxmill/outboxmill/module"
+	"github.com/outboxmill/outboxmill/outboxctl"
 )
 
 // settleHandler is the settlement module's ledger handler (OrderPlaced,

@@ -12,8 +12,8 @@ import (
 	"os"
 
 	"github.com/outboxmill/outboxmill/internal/cli"
-	"github.com/outboxmill/outboxmill/outboxctl"
 	"github.com/outboxmill/outboxmill/modules"
+	"github.com/outboxmill/outboxmill/outboxctl"
 )
 
 func main() {
