@@ -19,12 +19,19 @@ const FrameworkOwner = "outboxmill"
 // processed_events, set_aside_messages, outbox_set_aside and
 // aggregate_versions. Outbox tables are created per outbox by
 // outbox.Initialize; each module migrates its own tables with Migrate.
-func Migrations() fs.FS {
-	f, err := fs.Sub(migrations, "migrations")
+func Migrations() fs.FS { return MigrationsIn(migrations, "migrations") }
+
+// MigrationsIn returns the folder dir of an embedded file system, for
+// Migrate, which reads the *.sql files at its top: a module embeds its
+// migrations folder (//go:embed migrations/*.sql) and hands over
+// MigrationsIn(embedded, "migrations"). It panics if dir is not a valid path,
+// which the embed directive has already checked at build time.
+func MigrationsIn(f fs.FS, dir string) fs.FS {
+	sub, err := fs.Sub(f, dir)
 	if err != nil {
-		panic(err) // the directory is embedded at build time
+		panic(err)
 	}
-	return f
+	return sub
 }
 
 // MigrateFramework applies the framework's migrations to db, under the
