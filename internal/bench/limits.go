@@ -462,6 +462,16 @@ func consumeRate(ctx context.Context, conn *amqp.Connection, queue string, prefe
 	if err != nil {
 		return 0, err
 	}
+	// Deferred calls run last first: deliveries still prefetched are
+	// drained while the context's end cancels the consumer and the
+	// channel closes, so that amqp091's dispatcher, blocked on a delivery
+	// nobody takes, never holds Close up forever.
+	defer func() {
+		go func() {
+			for range deliveries {
+			}
+		}()
+	}()
 	start := time.Now()
 	for got := 0; got < n; got++ {
 		select {
