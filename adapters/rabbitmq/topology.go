@@ -151,6 +151,43 @@ func Declare(ctx context.Context, url string, t Topology) error {
 	return nil
 }
 
+// Delete deletes the queues and exchanges of t from the broker at url, the
+// messages they hold with them: for tests and tear-downs of a namespace.
+// Deleting what does not exist is not an error.
+func Delete(ctx context.Context, url string, t Topology) error {
+	conn, err := Dial(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("delete topology: open channel: %w", err)
+	}
+	defer ch.Close()
+	queues := make([]string, 0, len(t.Queues)+1)
+	for _, q := range t.Queues {
+		queues = append(queues, q.Name)
+	}
+	if t.UnroutableQueue != "" {
+		queues = append(queues, t.UnroutableQueue)
+	}
+	for _, q := range queues {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			return fmt.Errorf("delete queue %s: %w", q, err)
+		}
+	}
+	for _, x := range []string{t.Exchange, t.AlternateExchange()} {
+		if x == "" {
+			continue
+		}
+		if err := ch.ExchangeDelete(x, false, false); err != nil {
+			return fmt.Errorf("delete exchange %s: %w", x, err)
+		}
+	}
+	return nil
+}
+
 // Dial connects to the broker at url, giving up when ctx ends or after ten
 // seconds.
 func Dial(ctx context.Context, url string) (*amqp.Connection, error) {

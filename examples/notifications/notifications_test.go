@@ -381,33 +381,8 @@ func (s *testStack) deleteBrokerObjects() {
 		s.t.Errorf("topology: %v", err)
 		return
 	}
-	conn, err := rabbitmq.Dial(ctx, s.env.AMQPURL)
-	if err != nil {
+	if err := rabbitmq.Delete(ctx, s.env.AMQPURL, topology); err != nil {
 		s.t.Errorf("delete broker objects: %v", err)
-		return
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		s.t.Errorf("delete broker objects: %v", err)
-		return
-	}
-	defer ch.Close()
-	queues := []string{topology.UnroutableQueue}
-	for _, q := range topology.Queues {
-		queues = append(queues, q.Name)
-	}
-	for _, q := range queues {
-		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
-			s.t.Errorf("delete queue %s: %v", q, err)
-			return
-		}
-	}
-	for _, x := range []string{topology.Exchange, topology.AlternateExchange()} {
-		if err := ch.ExchangeDelete(x, false, false); err != nil {
-			s.t.Errorf("delete exchange %s: %v", x, err)
-			return
-		}
 	}
 }
 

@@ -39,31 +39,11 @@ func UniqueName(prefix string) string { return testenv.UniqueName(prefix) }
 // DeleteBrokerObjects deletes the exchanges and queues of the sample
 // modules' topology in namespace ns.
 func DeleteBrokerObjects(ctx context.Context, e Env, ns string) error {
-	conn, err := rabbitmq.Dial(ctx, e.AMQPURL)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	defer ch.Close()
 	t, err := Topology(ns)
 	if err != nil {
 		return err
 	}
-	for _, q := range append(t.Queues, rabbitmq.Queue{Name: t.UnroutableQueue}) {
-		if _, err := ch.QueueDelete(q.Name, false, false, false); err != nil {
-			return fmt.Errorf("delete queue %s: %w", q.Name, err)
-		}
-	}
-	for _, x := range []string{t.Exchange, t.AlternateExchange()} {
-		if err := ch.ExchangeDelete(x, false, false); err != nil {
-			return fmt.Errorf("delete exchange %s: %w", x, err)
-		}
-	}
-	return nil
+	return rabbitmq.Delete(ctx, e.AMQPURL, t)
 }
 
 // Topology is the broker topology of the sample modules in namespace ns.
