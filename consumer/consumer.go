@@ -187,6 +187,7 @@ func New(h Handler, cfg Config) (*Consumer, error) {
 		return nil, fmt.Errorf("consumer %s: subscriber: %w", h.Name, err)
 	}
 	if c.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, wmLogger); err != nil {
+		_ = c.subscriber.Close()
 		return nil, fmt.Errorf("consumer %s: router: %w", h.Name, err)
 	}
 	for lane, queue := range cfg.Queues {
