@@ -16,6 +16,11 @@ type Relay struct {
 	failures   prometheus.Counter
 	unroutable prometheus.Counter
 	latency    prometheus.Observer
+	refused    *prometheus.CounterVec
+	throttled  prometheus.Counter
+	setAside   prometheus.Counter
+	ahead      prometheus.Gauge
+	outbox     string
 }
 
 // NewRelay returns the metrics of the relay of outbox outboxTopic, registered
@@ -25,6 +30,10 @@ type Relay struct {
 //	outboxmill_relay_publish_failures_total{outbox}    counter
 //	outboxmill_relay_publish_latency_seconds{outbox}   histogram
 //	outboxmill_relay_unroutable_total{outbox}          counter
+//	outboxmill_relay_refused_total{outbox,kind}        counter (kind nack or return)
+//	outboxmill_relay_throttled_seconds_total{outbox}   counter
+//	outboxmill_relay_set_aside_total{outbox}           counter
+//	outboxmill_relay_position_ahead{outbox}            gauge (1: restored database, relay refuses to run)
 func NewRelay(reg prometheus.Registerer, outboxTopic string) (*Relay, error) {
 	published, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: "relay", Name: "published_total",
@@ -55,7 +64,40 @@ func NewRelay(reg prometheus.Registerer, outboxTopic string) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	refused, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "relay", Name: "refused_total",
+		Help: "Publishes the broker refused: nacked (kind nack) or returned as unroutable (kind return); their events are published again in order.",
+	}, []string{"outbox", "kind"}))
+	if err != nil {
+		return nil, err
+	}
+	throttled, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "relay", Name: "throttled_seconds_total",
+		Help: "Time the relay held publishes back because the broker refused them (back-pressure).",
+	}, []string{"outbox"}))
+	if err != nil {
+		return nil, err
+	}
+	setAside, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "relay", Name: "set_aside_total",
+		Help: "Outbox rows set aside: rows that cannot be forwarded, and the later rows of their aggregates held behind them.",
+	}, []string{"outbox"}))
+	if err != nil {
+		return nil, err
+	}
+	ahead, err := register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Subsystem: "relay", Name: "position_ahead",
+		Help: "1 while the stored relay position is ahead of the database's transaction ids (restored or moved database): the relay refuses to run until outboxctl relay rebase.",
+	}, []string{"outbox"}))
+	if err != nil {
+		return nil, err
+	}
 	return &Relay{
+		refused:    refused,
+		outbox:     outboxTopic,
+		throttled:  throttled.WithLabelValues(outboxTopic),
+		setAside:   setAside.WithLabelValues(outboxTopic),
+		ahead:      ahead.WithLabelValues(outboxTopic),
 		published:  published.WithLabelValues(outboxTopic),
 		failures:   failures.WithLabelValues(outboxTopic),
 		unroutable: unroutable.WithLabelValues(outboxTopic),
@@ -74,3 +116,21 @@ func (r *Relay) PublishFailed(error) { r.failures.Inc() }
 
 // Unroutable counts a publish of an event no queue is bound to.
 func (r *Relay) Unroutable() { r.unroutable.Inc() }
+
+// Refused implements relay.Metrics.
+func (r *Relay) Refused(kind string) { r.refused.WithLabelValues(r.outbox, kind).Inc() }
+
+// Throttled implements relay.Metrics.
+func (r *Relay) Throttled(d time.Duration) { r.throttled.Add(d.Seconds()) }
+
+// SetAside implements relay.Metrics.
+func (r *Relay) SetAside(n int) { r.setAside.Add(float64(n)) }
+
+// PositionAhead implements relay.Metrics.
+func (r *Relay) PositionAhead(ahead bool) {
+	if ahead {
+		r.ahead.Set(1)
+		return
+	}
+	r.ahead.Set(0)
+}

@@ -582,6 +582,7 @@ func TestNotifier_EventsCommitted(t *testing.T) {
 }
 
 type countingMetrics struct {
+	relay.NopMetrics
 	mu      sync.Mutex
 	fails   int
 	updates int // position updates
