@@ -72,7 +72,10 @@ type Config struct {
 	OnDuplicate, OnProcessed func(*message.Message)
 	// CloseTimeout bounds the router's drain on Close; default 20 s.
 	CloseTimeout time.Duration
-	// Logger receives warnings; default slog.Default().
+	// Logger receives warnings; default slog.Default(). Warnings about
+	// failures that repeat (set-aside messages, retries in place, lanes
+	// consuming again, held events not released) are throttled per kind:
+	// a few a minute, then one record saying how many were left out.
 	Logger *slog.Logger
 }
 
@@ -104,7 +107,8 @@ type Consumer struct {
 	guard    postgres.VersionGuard
 	setAside *postgres.SetAsideStore
 	retry    middleware.Retry
-	outcomes sync.Map // *message.Message -> outcome, from its transaction to its commit
+	logs     *middleware.LogThrottle // the handler's warnings, shared by its lanes
+	outcomes sync.Map                // *message.Message -> outcome, from its transaction to its commit
 
 	batch      *rabbitmq.BatchConsumer
 	router     *message.Router
@@ -152,6 +156,7 @@ func New(h Handler, cfg Config) (*Consumer, error) {
 		guard:    postgres.VersionGuard{Handler: h.Name, Ordering: h.Ordering},
 		setAside: postgres.NewSetAsideStore(cfg.DB),
 		retry:    cfg.Retry,
+		logs:     &middleware.LogThrottle{Logger: cfg.Logger},
 		release:  make(chan struct{}, 1),
 		held:     true, // until the first look finds none
 	}
@@ -175,6 +180,7 @@ func New(h Handler, cfg Config) (*Consumer, error) {
 			Prefetch:   cfg.Prefetch,
 			OnBatch:    cfg.Metrics.Batched,
 			Logger:     cfg.Logger,
+			Throttle:   c.logs,
 		}
 		if err := c.batch.Validate(); err != nil {
 			return nil, err
@@ -202,7 +208,8 @@ func New(h Handler, cfg Config) (*Consumer, error) {
 // The chain fails a message only for a failure that is not the message's
 // (the database unreachable): nacking it would let the router hand over
 // the prefetched messages behind it first, out of their lane's order, so
-// the router consumer retries it in place, with backoff, instead.
+// the router consumer retries it in place, with backoff (100 ms doubling
+// up to 5 s), instead. Its warnings are throttled per kind of failure.
 func (c *Consumer) untilHandled(msg *message.Message, chain message.HandlerFunc) error {
 	wait := 100 * time.Millisecond
 	for {
@@ -210,7 +217,8 @@ func (c *Consumer) untilHandled(msg *message.Message, chain message.HandlerFunc)
 		if err == nil || msg.Context().Err() != nil {
 			return err
 		}
-		c.cfg.Logger.Warn("consumer: message failed; trying it again in place", "handler", c.h.Name, "message_id", msg.UUID, "backoff", wait, "error", err)
+		c.logs.Log(msg.Context(), slog.LevelWarn, "retry in place|"+middleware.ErrorClass(err), "consumer: message failed; trying it again in place",
+			"handler", c.h.Name, "message_id", middleware.SafeMessageID(msg.UUID), "backoff", wait, "error", err)
 		t := time.NewTimer(wait)
 		select {
 		case <-msg.Context().Done():
@@ -228,6 +236,7 @@ func (c *Consumer) Name() string { return c.h.Name }
 // Run consumes until ctx ends (KindBatch) or Close is called (KindRouter),
 // and releases held events meanwhile.
 func (c *Consumer) Run(ctx context.Context) error {
+	defer c.logs.Flush()
 	releaseCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { c.releaseHeld(releaseCtx) })
@@ -281,7 +290,7 @@ func (c *Consumer) chain(queue string) message.HandlerFunc {
 			// A message that failed because the database was unreachable
 			// or its session was lost is redelivered, not set aside.
 			IsTransient: postgres.IsTransient,
-			Logger:      c.cfg.Logger,
+			Throttle:    c.logs,
 			OnSetAside:  c.setAsideDone,
 		}.Middleware,
 		c.retry.Middleware,
@@ -560,7 +569,7 @@ func (c *Consumer) releaseHeld(ctx context.Context) {
 		if held {
 			if any, err := c.releaseOnce(ctx); err != nil {
 				if ctx.Err() == nil {
-					c.cfg.Logger.Warn("consumer: releasing held events failed", "handler", c.h.Name, "error", err)
+					c.logs.Log(ctx, slog.LevelWarn, "release|"+middleware.ErrorClass(err), "consumer: releasing held events failed", "handler", c.h.Name, "error", err)
 				}
 			} else if !any {
 				c.holding.Lock()
@@ -586,15 +595,17 @@ func (c *Consumer) releaseOnce(ctx context.Context) (anyHeld bool, err error) {
 		return true, err
 	}
 	for _, m := range ready {
-		msg := message.NewMessage(m.MessageID, m.Payload)
-		for k, v := range m.Metadata {
+		orig := m.Original()
+		msg := message.NewMessage(orig.MessageID, orig.Payload)
+		for k, v := range orig.Metadata {
 			msg.Metadata.Set(k, v)
 		}
 		msg.SetContext(ctx)
 		// The chain, less set-aside and retry: a failure leaves the event
 		// held, to be tried again at the next look.
 		if _, err := middleware.Recoverer(c.dedup.Middleware(c.applyOne))(msg); err != nil {
-			c.cfg.Logger.Warn("consumer: held event not released", "handler", c.h.Name, "message_id", m.MessageID, "error", err)
+			c.logs.Log(ctx, slog.LevelWarn, "not released|"+middleware.ErrorClass(err), "consumer: held event not released",
+				"handler", c.h.Name, "message_id", m.MessageID, "error", err)
 			continue
 		}
 		if err := c.setAside.Delete(ctx, m.ID); err != nil {

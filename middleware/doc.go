@@ -6,7 +6,11 @@
 //     number of times, and never retries a Permanent error;
 //   - SetAside stores a message that still fails, with the reason, and acks
 //     it so that the messages behind it keep flowing;
-//   - Observe reports the outcome of each message, for metrics.
+//   - Observe reports the outcome of each message, for metrics;
+//   - LogThrottle keeps warnings that repeat from flooding the log;
+//   - CheckMessageID tells which message ids can be dedup keys, and
+//     SafeMessageID and SafeText stand for the others, and for any text,
+//     where only valid UTF-8 without NUL bytes fits (columns, logs).
 //
 // Each reports what it does through optional callbacks (SetAside.OnSetAside,
 // Retry.OnRetry, Observe), so that a metrics adapter can count results

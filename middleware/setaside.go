@@ -53,9 +53,20 @@ type SetAside struct {
 	IsTransient func(error) bool
 	// OnSetAside, when set, is called after a message was set aside.
 	OnSetAside func(m SetAsideMessage)
-	// Logger receives a warning per set-aside message; default slog.Default().
+	// Logger receives a warning per set-aside message (and an info record
+	// per held one), at most LogThrottle's burst of each handler and kind of
+	// failure a minute, and then a count of the others; default
+	// slog.Default().
 	Logger *slog.Logger
+	// Throttle, when set, logs those records instead of a throttle of the
+	// middleware's own over Logger, so that several middlewares (the lanes
+	// of one handler, say) share one budget.
+	Throttle *LogThrottle
 }
+
+// maxLoggedReason bounds the reason in a log record; the set-aside record
+// keeps it whole.
+const maxLoggedReason = 1000
 
 // Validate checks the configuration.
 func (s SetAside) Validate() error {
@@ -72,9 +83,9 @@ func (s SetAside) Validate() error {
 // aside while its context is cancelled (the service is shutting down): it is
 // nacked and will be redelivered. If storing fails, the message is nacked too.
 func (s SetAside) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	logger := s.Logger
-	if logger == nil {
-		logger = slog.Default()
+	throttle := s.Throttle
+	if throttle == nil {
+		throttle = &LogThrottle{Logger: s.Logger}
 	}
 	return func(msg *message.Message) ([]*message.Message, error) {
 		out, err := h(msg)
@@ -103,14 +114,16 @@ func (s SetAside) Middleware(h message.HandlerFunc) message.HandlerFunc {
 				AggregateVersion: hold.AggregateVersion, Until: hold.HeldUntil}
 		}
 		if storeErr := s.Store.SetAside(msg.Context(), m); storeErr != nil {
-			return nil, errors.Join(err, fmt.Errorf("set message %s aside: %w", msg.UUID, storeErr))
+			return nil, errors.Join(err, fmt.Errorf("set message %s aside: %w", SafeMessageID(msg.UUID), storeErr))
 		}
+		ctx := msg.Context()
 		if m.Hold != nil {
-			logger.Info("message held back",
-				"handler", s.Handler, "message_id", msg.UUID, "aggregate_id", m.Hold.AggregateID, "until", m.Hold.Until, "reason", m.Reason)
+			throttle.Log(ctx, slog.LevelInfo, "held|"+s.Handler, "message held back",
+				"handler", s.Handler, "message_id", SafeMessageID(msg.UUID), "aggregate_id", SafeText(m.Hold.AggregateID, MaxMessageIDLen),
+				"until", m.Hold.Until, "reason", SafeText(m.Reason, maxLoggedReason))
 		} else {
-			logger.Warn("message set aside",
-				"handler", s.Handler, "message_id", msg.UUID, "attempts", m.Attempts, "reason", m.Reason)
+			throttle.Log(ctx, slog.LevelWarn, "set aside|"+s.Handler+"|"+ErrorClass(err), "message set aside",
+				"handler", s.Handler, "message_id", SafeMessageID(msg.UUID), "attempts", m.Attempts, "reason", SafeText(m.Reason, maxLoggedReason))
 		}
 		if s.OnSetAside != nil {
 			s.OnSetAside(m)

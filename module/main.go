@@ -1,6 +1,7 @@
 package module
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -35,10 +36,10 @@ type Command struct {
 // -database-url (DATABASE_URL) and one -NAME-database-url (NAME_DATABASE_URL)
 // per module of the set, -amqp-url (AMQP_URL), -http-addr (HTTP_ADDR),
 // -namespace (OUTBOXMILL_NAMESPACE), -queue-type (QUEUE_TYPE), the relay's
-// (-relay, -relay-kind, -relay-notify, -relay-poll-interval,
+// (-relay, -relay-kind, -relay-notify, -relay-poll-interval, -relay-lease-timeout,
 // -stuck-after), the consumers' (-consumer, -batch, -prefetch,
-// -max-retries), retention's and -log-level. Run the command with -h for the
-// list.
+// -max-retries), retention's, -log-level and each module's own
+// (Module.Flags). Run the command with -h for the list.
 func Main(c Command, args []string, stderr io.Writer) int {
 	name := c.Name
 	var cfg Config
@@ -88,12 +89,16 @@ func Main(c Command, args []string, stderr io.Writer) int {
 	fs.StringVar(&cfg.RelayKind, "relay-kind", cli.Env("RELAY_KIND", "outboxmill"), "relay implementation: outboxmill (batched, pipelined) or watermill (Watermill's forwarder) (env RELAY_KIND)")
 	fs.BoolVar(&notify, "relay-notify", notify, "wake relays in other instances with a PostgreSQL notification after each commit (env RELAY_NOTIFY=true|false)")
 	fs.DurationVar(&cfg.RelayPollInterval, "relay-poll-interval", pollDefault, "how often the relay polls an empty outbox (env RELAY_POLL_INTERVAL)")
+	fs.DurationVar(&cfg.RelayLeaseTimeout, "relay-lease-timeout", envDuration("RELAY_LEASE_TIMEOUT", 5*time.Second), "how long a frozen or partitioned active relay keeps the outbox before a standby takes over, 1s..10m (env RELAY_LEASE_TIMEOUT)")
 	fs.DurationVar(&cfg.StuckAfter, "stuck-after", stuckDefault, "age past which an unforwarded outbox event is reported stuck (env STUCK_AFTER)")
 	fs.StringVar(&cfg.Consumer, "consumer", consumer.KindBatch, "how handlers consume their lanes: batch (a lane's waiting deliveries in one transaction) or router (Watermill router, a transaction per message)")
 	fs.IntVar(&cfg.MaxBatch, "batch", rabbitmq.DefaultMaxBatch, "batch consumer: messages of a lane handled in one transaction at most")
 	fs.IntVar(&cfg.Prefetch, "prefetch", 64, "deliveries in flight to each lane's consumer")
 	fs.IntVar(&cfg.Retry.MaxRetries, "max-retries", 4, "retries of a failing message before it is set aside")
 	if err := cli.RetentionFlags(fs, &cfg.Retention); err != nil {
+		return cli.Fail(stderr, name, err)
+	}
+	if err := DefineFlags(fs, c.Set); err != nil {
 		return cli.Fail(stderr, name, err)
 	}
 	logLevel := fs.String("log-level", cli.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
@@ -130,4 +135,31 @@ func Main(c Command, args []string, stderr io.Writer) int {
 		return cli.Fail(stderr, name, err)
 	}
 	return 0
+}
+
+// DefineFlags defines on fs the flags of every module of set that has
+// Flags, refusing a flag whose name fs or an earlier module already
+// defines.
+func DefineFlags(fs *flag.FlagSet, set Set) error {
+	for _, m := range set {
+		if m.Flags == nil {
+			continue
+		}
+		own := flag.NewFlagSet(m.Name, flag.ContinueOnError)
+		if err := m.Flags(own); err != nil {
+			return fmt.Errorf("module %s: %w", m.Name, err)
+		}
+		var clash error
+		own.VisitAll(func(f *flag.Flag) {
+			if fs.Lookup(f.Name) != nil {
+				clash = errors.Join(clash, fmt.Errorf("module %s: flag -%s is already defined", m.Name, f.Name))
+				return
+			}
+			fs.Var(f.Value, f.Name, f.Usage)
+		})
+		if clash != nil {
+			return clash
+		}
+	}
+	return nil
 }

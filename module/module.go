@@ -2,6 +2,7 @@ package module
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -16,6 +17,8 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/adapters/reconcile"
+	"github.com/outboxmill/outboxmill/adapters/retention"
 	"github.com/outboxmill/outboxmill/consumer"
 	"github.com/outboxmill/outboxmill/domain"
 )
@@ -45,6 +48,20 @@ type Module struct {
 	// Routes, when set, adds the module's HTTP routes to mux, with the
 	// module's runtime (its database, unit of work, logger).
 	Routes func(rt Runtime, mux *http.ServeMux) error
+	// Flags, when set, defines the module's own settings on the flag set
+	// of a command over the set (Main, outboxctl purge) before it parses
+	// its command line; Routes and Retention see the parsed values. Flag
+	// names must not clash with the command's or another module's.
+	Flags func(fs *flag.FlagSet) error
+	// Retention, when set, returns the module's own retention rules (rows
+	// of its tables to purge in batches, such as expired idempotency keys):
+	// a process running the module purges them on the retention interval
+	// beside the framework's tables, and outboxctl purge purges them too.
+	Retention func() []retention.Rule
+	// Reconcile are the module's checks of its own effects against the
+	// events that caused them, which outboxctl reconcile runs against the
+	// outbox of the module publishing each check's event type.
+	Reconcile []reconcile.Check
 }
 
 // Runtime is what a module's routes get from the process running it.
@@ -76,10 +93,23 @@ func (m Module) Validate() error {
 	if m.Name == postgres.FrameworkOwner {
 		errs = append(errs, fmt.Errorf("module name %q is the framework's", m.Name))
 	}
-	if _, err := m.registry(); err != nil {
+	reg, err := m.registry()
+	if err != nil {
 		errs = append(errs, fmt.Errorf("module %s: %w", m.Name, err))
 	}
+	for _, c := range m.Reconcile {
+		if err := c.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("module %s: %w", m.Name, err))
+		} else if reg != nil && !declared(reg, c.EventType) {
+			errs = append(errs, fmt.Errorf("module %s: reconcile check %q: event type %s is not declared (list it in Consumes or Publishes)", m.Name, c.Name, c.EventType))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+func declared(reg *domain.Registry, eventType string) bool {
+	_, ok := reg.Lookup(eventType)
+	return ok
 }
 
 func (m Module) registry() (*domain.Registry, error) {

@@ -56,6 +56,10 @@ type Config struct {
 	// RelayPollInterval is the longest wait between two polls of an empty
 	// outbox; default 1 s.
 	RelayPollInterval time.Duration
+	// RelayLeaseTimeout bounds how long a frozen or partitioned active relay
+	// keeps its outbox stream before a standby takes over (see
+	// relay.Config.LeaseTimeout). Default 5 s.
+	RelayLeaseTimeout time.Duration
 	// RelayNotify sends a PostgreSQL notification after each commit that
 	// wrote events, waking a relay running in another instance, and makes
 	// this process's relays listen for them; default true. A relay in the
@@ -174,6 +178,9 @@ func (c Config) Validate(set Set) error {
 	if c.Consumer == consumer.KindBatch && c.MaxBatch > c.Prefetch && c.Prefetch > 0 {
 		errs = append(errs, fmt.Errorf("batches of %d cannot fill with a prefetch of %d", c.MaxBatch, c.Prefetch))
 	}
+	if c.RelayLeaseTimeout != 0 && (c.RelayLeaseTimeout < time.Second || c.RelayLeaseTimeout > 10*time.Minute) {
+		errs = append(errs, fmt.Errorf("relay lease timeout %s is outside 1s..10m", c.RelayLeaseTimeout))
+	}
 	if c.RelayPollInterval < 0 || c.MaxDBConns < 0 || c.ShutdownTimeout < 0 || c.StuckAfter < 0 || c.Prefetch < 0 || c.MaxBatch < 0 {
 		errs = append(errs, errors.New("durations and sizes must not be negative"))
 	}
@@ -210,6 +217,7 @@ type Process struct {
 	pools      map[string]*sqlx.DB // by URL
 	components []Component
 	closers    []func() error
+	readiness  []httpapi.Check // checks of components, beside the databases' and the broker's
 	server     *http.Server
 	listener   net.Listener
 }
@@ -307,6 +315,15 @@ func New(ctx context.Context, set Set, config Config) (p *Process, err error) {
 			}
 			retentionMetrics.Table(purger.Table())
 		}
+		if m.Retention != nil {
+			for _, rule := range m.Retention() {
+				purger, err := p.purger(retention.NewRulePurger(db, rule, p.policy(retentionMetrics)))
+				if err != nil {
+					return nil, fmt.Errorf("module %s: %w", name, err)
+				}
+				retentionMetrics.Table(purger.Table())
+			}
+		}
 		for _, h := range m.Handlers {
 			c, err := consumer.New(h, consumer.Config{
 				DB: db, Registry: p.registry, Outbox: writer, Listener: listener,
@@ -347,6 +364,7 @@ func New(ctx context.Context, set Set, config Config) (p *Process, err error) {
 		}
 		return conn.Close()
 	}})
+	checks = append(checks, p.readiness...)
 
 	p.listener, err = net.Listen("tcp", config.HTTPAddr)
 	if err != nil {
@@ -404,6 +422,7 @@ func (p *Process) relay(db *sqlx.DB, box outbox.Config, names Names, topology ra
 			AMQPURL:      c.AMQPURL,
 			Exchange:     names.Exchange(),
 			PollInterval: c.RelayPollInterval,
+			LeaseTimeout: c.RelayLeaseTimeout,
 			RequireRoute: func(topic string) bool {
 				routed := topology.Routes(topic)
 				if !routed {
@@ -429,6 +448,12 @@ func (p *Process) relay(db *sqlx.DB, box outbox.Config, names Names, topology ra
 		})
 		if l, ok := r.(app.CommitListener); ok {
 			listeners = append(listeners, l)
+		}
+		// A relay that refuses to forward (its position is ahead of a
+		// restored database's transaction ids) makes the process unready.
+		if h, ok := r.(interface{ Health() error }); ok {
+			p.readiness = append(p.readiness, httpapi.Check{Name: "relay " + box.Topic,
+				Check: func(context.Context) error { return h.Health() }})
 		}
 	}
 	if *c.RelayNotify {

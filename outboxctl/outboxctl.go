@@ -29,7 +29,9 @@
 //
 // Exit codes: 0 when all is well, 1 for an error (bad flags, unreachable
 // database, failed action), 2 when the command ran but found something that
-// needs attention (events stuck, events missing).
+// needs attention (events stuck; events missing, or processed without a
+// committed event, or effects a module's check finds wrong; discarded
+// events are reported but are not a problem).
 package outboxctl
 
 import (
@@ -76,12 +78,23 @@ Commands:
   set-aside replay ID|--all    send set-aside events back: a consumer message to its
                                handler's queue, an outbox row into its outbox (--all
                                leaves held messages to their handler)
-  set-aside discard ID         delete a set-aside event (logged)
-  purge [--dry-run]            purge forwarded rows of every outbox and old dedup markers
-                               of every handler database now
+  set-aside discard ID         delete a set-aside event, recorded in discarded_events
+                               (who, when, why) for reconcile, and logged
+  purge [--dry-run]            purge forwarded rows of every outbox, old dedup markers
+                               of every handler database, and the rows of the modules'
+                               own retention rules now
   reconcile                    list events committed to a publishing module's outbox that
                                a handler they are routed to has not processed, older than
-                               --older-than; exit 2 when any is missing
+                               --older-than (discarded ones listed apart, not missing);
+                               events a handler processed or set aside that no outbox
+                               committed (forged); the modules' checks of their effects
+                               (an effect without its one committed event, or a key with
+                               two effects); exit 2 when any is missing, unknown or found
+  relay rebase [--dry-run]     after the database was restored from a dump or moved to
+                               another server (relay position ahead of its transaction
+                               ids): renumber the restored outbox rows and move every
+                               relay group's position so nothing is lost (--module NAME
+                               for one outbox)
   unroutable list              count the events in the unroutable queue (no queue was bound
                                to their routing key) and show the first --limit, leaving
                                them queued
@@ -206,6 +219,14 @@ func run(ctx context.Context, set module.Set, args []string, stdout, stderr io.W
 		f = purge
 	case "reconcile":
 		f = reconcileCmd
+	case "relay":
+		if len(rest) == 0 {
+			return usagef("relay needs an action: rebase")
+		}
+		if rest[0] != "rebase" {
+			return usagef("unknown relay action %q (want rebase)", rest[0])
+		}
+		f, rest = relayRebase, rest[1:]
 	case "unroutable":
 		if len(rest) == 0 {
 			return usagef("unroutable needs an action: list or replay")

@@ -312,7 +312,7 @@ func TestMain_ThreeModules(t *testing.T) {
 		for _, r := range results {
 			got = append(got, r.Table+"("+strings.Join(r.Modules, ",")+")")
 		}
-		if want := "watermill_orders_outbox(orders) watermill_settlement_outbox(settlement) watermill_billing_outbox(billing) processed_events(orders,settlement) aggregate_versions(orders,settlement) processed_events(billing) aggregate_versions(billing)"; strings.Join(got, " ") != want {
+		if want := "watermill_orders_outbox(orders) watermill_settlement_outbox(settlement) watermill_billing_outbox(billing) processed_events(orders,settlement) aggregate_versions(orders,settlement) processed_events(billing) aggregate_versions(billing) order_idempotency_keys(orders)"; strings.Join(got, " ") != want {
 			t.Fatalf("purged %v, want %s", got, want)
 		}
 	})

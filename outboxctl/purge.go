@@ -11,10 +11,12 @@ import (
 
 	"github.com/outboxmill/outboxmill/adapters/retention"
 	"github.com/outboxmill/outboxmill/internal/cli"
+	"github.com/outboxmill/outboxmill/module"
 )
 
 // PurgeJSON is one table's purge in "purge --json": the outbox of a
-// publishing module, or the dedup markers of a handler database.
+// publishing module, the dedup markers or versions of a handler database,
+// or a table of a module's own retention rule.
 type PurgeJSON struct {
 	retention.Result
 	// Modules are the outbox's module, or the modules whose handlers keep
@@ -39,6 +41,11 @@ func purge(ctx context.Context, c *cmdline, args []string) error {
 	fs.DurationVar(&policy.DedupWindow, "dedup-window", dedupWindow, "purge dedup markers older than this; must exceed --outbox-retention (env DEDUP_WINDOW)")
 	dryRun := fs.Bool("dry-run", false, "count what would be purged, delete nothing")
 	fs.IntVar(&policy.BatchSize, "batch-size", retention.DefaultBatchSize, "rows deleted per statement")
+	// The modules' own settings, so that their rules purge what the
+	// services no longer honour (-idempotency-key-window, say).
+	if err := module.DefineFlags(fs, o.set); err != nil {
+		return err
+	}
 	if _, err := parse(fs, o, args, 0, ""); err != nil {
 		return err
 	}
@@ -50,7 +57,8 @@ func purge(ctx context.Context, c *cmdline, args []string) error {
 	}
 	policy.Logger = o.logger
 	defer o.close()
-	dbs, err := o.openAll(ctx, withEither)
+	withRules := func(m module.Module) bool { return withEither(m) || m.Retention != nil }
+	dbs, err := o.openAll(ctx, withRules)
 	if err != nil {
 		return err
 	}
@@ -88,6 +96,20 @@ func purge(ctx context.Context, c *cmdline, args []string) error {
 				return err
 			}
 			jobs = append(jobs, job{p, d, mods})
+		}
+	}
+	for _, d := range dbs {
+		for _, m := range d.modules {
+			if m.Retention == nil {
+				continue
+			}
+			for _, rule := range m.Retention() {
+				p, err := retention.NewRulePurger(d.db, rule, policy)
+				if err != nil {
+					return fmt.Errorf("module %s: %w", m.Name, err)
+				}
+				jobs = append(jobs, job{p, d, []string{m.Name}})
+			}
 		}
 	}
 	results := []PurgeJSON{}

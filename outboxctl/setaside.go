@@ -58,6 +58,26 @@ type SetAsideJSON struct {
 	AggregateType    string     `json:"aggregate_type,omitempty"`
 	AggregateID      string     `json:"aggregate_id,omitempty"`
 	AggregateVersion int        `json:"aggregate_version,omitempty"`
+	// RawMessageID is the message id byte for byte, for a consumer message
+	// whose id was not text an index can hold (too long, a NUL byte,
+	// invalid UTF-8): MessageID then stands for it (a safe prefix, its
+	// length and a hash), and replay publishes this. Shown by "show" only.
+	RawMessageID []byte `json:"raw_message_id,omitempty"`
+	// MetadataMadeSafe reports a consumer message some of whose metadata
+	// keys or values were not text (a NUL byte, invalid UTF-8): Metadata
+	// shows them made safe, and replay publishes them as received. Shown
+	// by "show" only.
+	MetadataMadeSafe bool `json:"metadata_made_safe,omitempty"`
+	// Kind is, for an outbox row, "invalid" (not a forwarder envelope),
+	// "poison" (the broker cannot take it) or "held" (a later event of a
+	// poison row's aggregate, kept back until that row is replayed or
+	// discarded).
+	Kind string `json:"kind,omitempty"`
+	// EventID is an outbox row's event id.
+	EventID string `json:"event_id,omitempty"`
+	// Requested is the replay or discard of a poison outbox row asked of
+	// the relay and not carried out yet.
+	Requested string `json:"requested,omitempty"`
 	// Metadata, Payload and PayloadText are shown by "show" only.
 	Metadata    map[string]string `json:"metadata,omitempty"`
 	Payload     []byte            `json:"payload,omitempty"`
@@ -141,6 +161,7 @@ func fromConsumer(m postgres.StoredSetAside, mod string, h *hold, full bool) Set
 	}
 	if full {
 		j.Metadata, j.Payload = m.Metadata, m.Payload
+		j.RawMessageID, j.MetadataMadeSafe = m.RawMessageID, m.RawMetadata != nil
 		if utf8.Valid(m.Payload) {
 			j.PayloadText = string(m.Payload)
 		}
@@ -152,6 +173,12 @@ func fromOutbox(r relay.SetAsideRecord, mod string, full bool) SetAsideJSON {
 	j := SetAsideJSON{
 		ID: formatID(sourceOutbox, r.ID, mod), Source: sourceOutbox, Module: mod, Handler: relayHandler, MessageID: r.MessageID,
 		Topic: r.Outbox, Reason: r.Reason, SetAsideAt: r.SetAsideAt.UTC(),
+		Kind: r.Kind, EventID: derefOr(r.EventID, ""), Attempts: r.Attempts, Held: r.Kind == relay.AsideHeld,
+		AggregateType: derefOr(r.AggregateType, ""), AggregateID: derefOr(r.AggregateID, ""),
+		Requested: derefOr(r.Action, ""),
+	}
+	if r.Kind != relay.AsideInvalid && r.Kind != "" {
+		j.Reason = r.Kind + ": " + r.Reason
 	}
 	if full {
 		j.Payload = r.Payload
@@ -492,6 +519,9 @@ func setAsideShow(ctx context.Context, c *cmdline, args []string) error {
 	fmt.Fprintf(tw, "module\t%s\n", e.Module)
 	fmt.Fprintf(tw, "handler\t%s\n", e.Handler)
 	fmt.Fprintf(tw, "message id\t%s\n", orDash(e.MessageID))
+	if e.RawMessageID != nil {
+		fmt.Fprintf(tw, "raw message id\t%d bytes, not text an index holds; hex: %x\n", len(e.RawMessageID), e.RawMessageID)
+	}
 	fmt.Fprintf(tw, "topic\t%s\n", e.Topic)
 	fmt.Fprintf(tw, "attempts\t%d\n", e.Attempts)
 	fmt.Fprintf(tw, "set aside at\t%s\n", e.SetAsideAt.Format(time.RFC3339Nano))
@@ -502,6 +532,9 @@ func setAsideShow(ctx context.Context, c *cmdline, args []string) error {
 	fmt.Fprintf(tw, "reason\t%s\n", e.Reason)
 	for _, k := range sortedKeys(e.Metadata) {
 		fmt.Fprintf(tw, "metadata %s\t%s\n", k, e.Metadata[k])
+	}
+	if e.MetadataMadeSafe {
+		fmt.Fprintf(tw, "metadata made safe\tsome keys or values were not text; replay sends them as received\n")
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -572,6 +605,13 @@ func (r *replayer) replay(ctx context.Context, raw string) (string, string, erro
 	rec, err := relay.ReplaySetAside(ctx, d.db, id.n, r.o.logger)
 	if rec.ID != 0 {
 		raw = formatID(sourceOutbox, rec.ID, r.o.outboxModule(d, rec.Outbox))
+	}
+	if errors.Is(err, relay.ErrReleaseRequested) {
+		if err := awaitRelay(ctx, d, rec.ID); err != nil {
+			return raw, "", err
+		}
+		return raw, fmt.Sprintf("replayed %s: the relay published event %s, then the events of %s %s held behind it",
+			raw, derefOr(rec.EventID, rec.MessageID), derefOr(rec.AggregateType, ""), derefOr(rec.AggregateID, "")), nil
 	}
 	if err != nil {
 		return raw, "", explain(err, d)
@@ -700,13 +740,16 @@ func setAsideDiscard(ctx context.Context, c *cmdline, args []string) error {
 	}
 	var e SetAsideJSON
 	if id.source == sourceConsumer {
-		m, err := postgres.NewSetAsideStore(d.db).Discard(ctx, id.n, o.logger)
+		m, err := postgres.NewSetAsideStore(d.db).DiscardRecorded(postgres.WithActor(ctx, discardActor()), id.n, o.logger)
 		if err != nil {
 			return explain(err, d)
 		}
 		e = fromConsumer(m, o.handlerModule(d, m.Handler), nil, true)
 	} else {
-		rec, err := relay.DiscardSetAside(ctx, d.db, id.n, o.logger)
+		rec, err := relay.DiscardSetAside(postgres.WithActor(ctx, discardActor()), d.db, id.n, o.logger)
+		if errors.Is(err, relay.ErrReleaseRequested) {
+			err = awaitRelay(ctx, d, rec.ID)
+		}
 		if err != nil {
 			return explain(err, d)
 		}
@@ -717,4 +760,28 @@ func setAsideDiscard(ctx context.Context, c *cmdline, args []string) error {
 	}
 	fmt.Fprintf(c.stdout, "discarded %s: message %s of %s (%s)\n", e.ID, orDash(e.MessageID), e.Handler, oneLine(e.Reason, 70))
 	return nil
+}
+
+// relayReleaseWait bounds how long replay and discard of a poison outbox
+// row wait for the active relay to carry them out.
+const relayReleaseWait = 30 * time.Second
+
+// awaitRelay waits for the active relay to carry out the release asked
+// for the poison outbox row id. A relay that is not running carries it out
+// when it starts: the request stays recorded.
+func awaitRelay(ctx context.Context, d *database, id int64) error {
+	wait, cancel := context.WithTimeout(ctx, relayReleaseWait)
+	defer cancel()
+	_, err := relay.AwaitRelease(wait, d.db, id)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("outbox row %d: the request is recorded, but no relay carried it out within %s (is the relay running?); it will when one runs", id, relayReleaseWait)
+	}
+	return err
+}
+
+func derefOr(s *string, def string) string {
+	if s == nil || *s == "" {
+		return def
+	}
+	return *s
 }

@@ -2,6 +2,7 @@ package outboxctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -57,6 +58,10 @@ type OutboxStatus struct {
 	SetAside int64 `json:"set_aside"`
 	// StuckEvents are the first stuck events, in delivery order.
 	StuckEvents []outbox.PendingEvent `json:"stuck_events"`
+	// Ahead says why the relay refuses to forward, when its position or
+	// rows are ahead of the database's transaction ids (a restored or moved
+	// database: outboxctl relay rebase); the exit code is then 2.
+	Ahead string `json:"ahead,omitempty"`
 }
 
 // DatabaseStatus is one database of the set: the oldest transactions on
@@ -155,7 +160,12 @@ func status(ctx context.Context, c *cmdline, args []string) error {
 		if ob.StuckEvents, err = outbox.StuckEvents(ctx, d.db, box, relayGroup, *stuckAfter, 10); err != nil {
 			return explain(err, d)
 		}
-		st.Stuck = st.Stuck || ob.Stuck > 0
+		if err := relay.CheckPosition(ctx, d.db, box, relayGroup); errors.Is(err, relay.ErrPositionAhead) {
+			ob.Ahead = err.Error()
+		} else if err != nil {
+			return explain(err, d)
+		}
+		st.Stuck = st.Stuck || ob.Stuck > 0 || ob.Ahead != ""
 		st.Outboxes = append(st.Outboxes, ob)
 	}
 
@@ -254,6 +264,9 @@ func printStatus(w io.Writer, st StatusJSON, stuckAfter time.Duration) {
 		return
 	}
 	for _, ob := range st.Outboxes {
+		if ob.Ahead != "" {
+			fmt.Fprintf(w, "AHEAD: %s\n", ob.Ahead)
+		}
 		if ob.Stuck == 0 {
 			continue
 		}

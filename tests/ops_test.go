@@ -407,7 +407,7 @@ func TestOutboxctl_StuckRelayAndPurge(t *testing.T) {
 				purged, held, found = r.Purged, r.Held, true
 			}
 		}
-		if want := "watermill_orders_outbox(orders) watermill_settlement_outbox(settlement) processed_events(orders) aggregate_versions(orders) processed_events(settlement) aggregate_versions(settlement)"; strings.Join(tables, " ") != want {
+		if want := "watermill_orders_outbox(orders) watermill_settlement_outbox(settlement) processed_events(orders) aggregate_versions(orders) processed_events(settlement) aggregate_versions(settlement) order_idempotency_keys(orders)"; strings.Join(tables, " ") != want {
 			t.Fatalf("purged tables %v, want %s", tables, want)
 		}
 		if !found {

@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/app"
@@ -24,12 +25,57 @@ var _ orderapp.OrderRepository = (*Repository)(nil)
 // version, so it runs in an ordinary transaction.
 type Repository struct {
 	uow *postgres.UnitOfWork
+	// window is how long an idempotency key is honoured.
+	window time.Duration
 }
 
-// NewRepository returns the repository whose changes go through uow.
-func NewRepository(uow *postgres.UnitOfWork) *Repository {
-	return &Repository{uow: uow}
+// Idempotency key windows: the default, and the bounds
+// ValidateIdempotencyWindow accepts.
+const (
+	DefaultIdempotencyWindow = 24 * time.Hour
+	MinIdempotencyWindow     = time.Minute
+	MaxIdempotencyWindow     = 30 * 24 * time.Hour
+)
+
+// ValidateIdempotencyWindow checks an idempotency key window: between
+// MinIdempotencyWindow and MaxIdempotencyWindow.
+func ValidateIdempotencyWindow(d time.Duration) error {
+	if d < MinIdempotencyWindow || d > MaxIdempotencyWindow {
+		return fmt.Errorf("idempotency key window %s: want between %s and %s", d, MinIdempotencyWindow, MaxIdempotencyWindow)
+	}
+	return nil
 }
+
+// Option configures a Repository.
+type Option func(*Repository)
+
+// WithIdempotencyWindow makes idempotency keys expire window after they
+// were stored (default DefaultIdempotencyWindow); NewRepository checks it
+// with ValidateIdempotencyWindow.
+func WithIdempotencyWindow(window time.Duration) Option {
+	return func(r *Repository) { r.window = window }
+}
+
+// NewRepository returns the repository whose changes go through uow. It
+// panics on an invalid option, which the module's flags have validated.
+func NewRepository(uow *postgres.UnitOfWork, opts ...Option) *Repository {
+	r := &Repository{uow: uow, window: DefaultIdempotencyWindow}
+	for _, o := range opts {
+		o(r)
+	}
+	if err := ValidateIdempotencyWindow(r.window); err != nil {
+		panic(err)
+	}
+	return r
+}
+
+// The table of the idempotency keys and its column that ages them: a key
+// stored longer ago than the window is no longer honoured, and retention
+// purges it (see the orders module's retention rule).
+const (
+	IdempotencyKeysTable     = "order_idempotency_keys"
+	IdempotencyKeysAgeColumn = "created_at"
+)
 
 type orderRow struct {
 	ID         string `db:"id"`
@@ -63,6 +109,13 @@ func (r *Repository) Add(ctx context.Context, order *orders.Order, events []doma
 			return nil, fmt.Errorf("insert order %s: %w", order.ID(), err)
 		}
 		if key != nil {
+			// An expired key not purged yet is free again: it is replaced.
+			// A live one makes the insert fail on the primary key.
+			if _, err := tx.ExecContext(ctx, `
+				DELETE FROM order_idempotency_keys WHERE key = $1 AND created_at < now() - $2::bigint * interval '1 microsecond'`,
+				key.Key, r.window.Microseconds()); err != nil {
+				return nil, fmt.Errorf("replace expired idempotency key: %w", err)
+			}
 			if _, err := tx.ExecContext(ctx, `
 				INSERT INTO order_idempotency_keys (key, request_hash, order_id) VALUES ($1, $2, $3)`,
 				key.Key, key.RequestHash, order.ID()); err != nil {
@@ -139,13 +192,16 @@ func (r *Repository) Get(ctx context.Context, id string) (*orders.Order, error) 
 	return getOrder(ctx, r.uow.DB(), id)
 }
 
-// FindByIdempotencyKey implements orderapp.OrderRepository.
+// FindByIdempotencyKey implements orderapp.OrderRepository: a key stored
+// longer ago than the repository's window is not found.
 func (r *Repository) FindByIdempotencyKey(ctx context.Context, key string) (string, string, error) {
 	var row struct {
 		OrderID     string `db:"order_id"`
 		RequestHash string `db:"request_hash"`
 	}
-	err := r.uow.DB().GetContext(ctx, &row, `SELECT order_id, request_hash FROM order_idempotency_keys WHERE key = $1`, key)
+	err := r.uow.DB().GetContext(ctx, &row, `
+		SELECT order_id, request_hash FROM order_idempotency_keys
+		WHERE key = $1 AND created_at >= now() - $2::bigint * interval '1 microsecond'`, key, r.window.Microseconds())
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", "", app.ErrNotFound
 	}

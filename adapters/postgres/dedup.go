@@ -18,6 +18,21 @@ import (
 // event id: it cannot be deduplicated, so it is not handled.
 var ErrNoEventID = errors.New("message has no event id")
 
+// checkEventID returns a Permanent error for a message id that cannot be a
+// dedup key: empty (ErrNoEventID), or not text an index takes as it is
+// (middleware.ErrUnusableMessageID: longer than
+// middleware.MaxMessageIDLen, a NUL byte, invalid UTF-8). Such a message is
+// not handled.
+func checkEventID(id string) error {
+	if id == "" {
+		return middleware.Permanent(ErrNoEventID)
+	}
+	if err := middleware.CheckMessageID(id); err != nil {
+		return middleware.Permanent(fmt.Errorf("dedup: %w", err))
+	}
+	return nil
+}
+
 type txKey struct{}
 
 // HandlerTx returns the transaction Dedup opened for the message whose
@@ -33,7 +48,10 @@ func HandlerTx(ctx context.Context) (*sqlx.Tx, bool) {
 // transaction, inserts (message UUID, Handler) into the processed_events
 // table and, only if that row is new, runs the handler with the transaction
 // in the message's context (see HandlerTx), then commits. A message whose row exists
-// was processed before; it is acked with no effect.
+// was processed before; it is acked with no effect. A message whose id
+// cannot be a dedup key (empty, or not text an index takes: see
+// middleware.CheckMessageID) is not handled: Middleware fails it with a
+// Permanent error, so that it is set aside at once.
 //
 // Two deliveries of one event racing in two consumers are serialised by the
 // primary key: the second insert waits for the first transaction and then
@@ -70,8 +88,8 @@ func (d Dedup) Validate() error {
 func (d Dedup) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	insert := d.insertSQL()
 	return func(msg *message.Message) ([]*message.Message, error) {
-		if msg.UUID == "" {
-			return nil, middleware.Permanent(ErrNoEventID)
+		if err := checkEventID(msg.UUID); err != nil {
+			return nil, err
 		}
 		return d.process(msg, h, insert)
 	}
@@ -135,13 +153,13 @@ func runInTx(msg *message.Message, tx *sqlx.Tx, h message.HandlerFunc) ([]*messa
 	return h(msg)
 }
 
-// eventIDs returns the event ids of msgs, or a Permanent ErrNoEventID if
-// one has none.
+// eventIDs returns the event ids of msgs, or the Permanent error of
+// checkEventID if one cannot be a dedup key.
 func eventIDs(msgs []*message.Message) ([]string, error) {
 	ids := make([]string, len(msgs))
 	for i, msg := range msgs {
-		if msg.UUID == "" {
-			return nil, middleware.Permanent(ErrNoEventID)
+		if err := checkEventID(msg.UUID); err != nil {
+			return nil, err
 		}
 		ids[i] = msg.UUID
 	}
@@ -157,10 +175,11 @@ type BatchHandler func(ctx context.Context, tx *sqlx.Tx, msgs []*message.Message
 // order, and commits. A second copy of an event within msgs counts as a
 // duplicate. OnDuplicate and OnProcessed are called after the commit.
 //
-// On any error, a message without an event id included, nothing of the
-// batch is committed: the caller then handles the messages again one at a
-// time through Middleware, so that only a failing message goes on to retry
-// and set-aside. It returns the number of messages h handled.
+// On any error (a message whose id cannot be a dedup key included),
+// nothing of the batch is committed: the caller then handles the messages
+// again one at a time through Middleware, so that only a failing message
+// goes on to retry and set-aside. It returns the number of messages h
+// handled.
 func (d Dedup) ProcessBatch(ctx context.Context, msgs []*message.Message, h BatchHandler) (int, error) {
 	ids, err := eventIDs(msgs)
 	if err != nil {

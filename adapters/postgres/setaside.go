@@ -7,6 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"math"
+	"slices"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -27,44 +31,194 @@ type SetAsideStore struct {
 // NewSetAsideStore returns the store in db.
 func NewSetAsideStore(db *sqlx.DB) *SetAsideStore { return &SetAsideStore{db: db} }
 
-// SetAside implements middleware.SetAsideStore.
+// SetAside implements middleware.SetAsideStore. It takes any message: text
+// that a text column cannot hold or an index cannot take is made safe
+// there, and the exact bytes are kept beside it (see StoredSetAside), so the
+// insert fails only when the database does.
 func (s *SetAsideStore) SetAside(ctx context.Context, m middleware.SetAsideMessage) error {
-	meta, err := json.Marshal(m.Metadata)
+	r, err := toRow(m)
 	if err != nil {
-		return fmt.Errorf("encode metadata: %w", err)
-	}
-	var aggType, aggID, heldUntil any
-	var aggVersion any
-	if h := m.Hold; h != nil {
-		aggType, aggID, aggVersion, heldUntil = h.AggregateType, h.AggregateID, h.AggregateVersion, h.Until
+		return err
 	}
 	if _, err := s.db.ExecContext(ctx, `
 		INSERT INTO set_aside_messages (handler, message_id, topic, payload, metadata, reason, attempts, set_aside_at,
-			aggregate_type, aggregate_id, aggregate_version, held_until)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
-		m.Handler, m.MessageID, m.Topic, m.Payload, string(meta), m.Reason, m.Attempts, m.At,
-		aggType, aggID, aggVersion, heldUntil); err != nil {
+			aggregate_type, aggregate_id, aggregate_version, held_until, message_id_raw, metadata_raw)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
+		r.handler, r.messageID, r.topic, r.payload, r.metadata, r.reason, r.attempts, r.at,
+		r.aggType, r.aggID, r.aggVersion, r.heldUntil, r.rawID, r.rawMetadata); err != nil {
 		return fmt.Errorf("insert set-aside message: %w", err)
 	}
 	return nil
 }
 
-// StoredSetAside is a set-aside message with the id of its row.
+// Bounds of the text columns of a set-aside row that hold what a message
+// or its handler said (the message id is bounded by
+// middleware.SafeMessageID).
+const (
+	maxTopicLen  = 1000
+	maxReasonLen = 8 << 10
+)
+
+// row is a set-aside message as set_aside_messages stores it.
+type row struct {
+	handler, messageID, topic, metadata, reason string
+	payload                                     []byte
+	attempts                                    int32
+	at                                          time.Time
+	aggType, aggID, aggVersion, heldUntil       any
+	rawID, rawMetadata                          []byte // nil: the text columns hold them exactly
+}
+
+// toRow makes m storable: every text safe for a text column, the message
+// id and the aggregate bounded for an index, numbers in range, and the
+// exact message id and metadata kept as bytes when their text differs.
+func toRow(m middleware.SetAsideMessage) (row, error) {
+	r := row{
+		handler:   middleware.SafeText(m.Handler, middleware.MaxMessageIDLen),
+		messageID: middleware.SafeMessageID(m.MessageID),
+		topic:     middleware.SafeText(m.Topic, maxTopicLen),
+		reason:    boundReason(m.Reason),
+		payload:   m.Payload,
+		attempts:  int32(min(max(m.Attempts, 0), math.MaxInt32)),
+		at:        m.At,
+	}
+	if r.payload == nil {
+		r.payload = []byte{}
+	}
+	if r.at.IsZero() {
+		r.at = time.Now().UTC()
+	}
+	if r.messageID != m.MessageID {
+		r.rawID = []byte(m.MessageID)
+	}
+	safe, exact := safeMetadata(m.Metadata)
+	meta, err := json.Marshal(safe)
+	if err != nil {
+		return row{}, fmt.Errorf("encode metadata: %w", err)
+	}
+	r.metadata = string(meta)
+	if !exact {
+		if r.rawMetadata, err = encodeRawMetadata(m.Metadata); err != nil {
+			return row{}, err
+		}
+	}
+	if h := m.Hold; h != nil {
+		if h.AggregateVersion >= math.MinInt32 && h.AggregateVersion <= math.MaxInt32 {
+			r.aggType = middleware.SafeText(h.AggregateType, middleware.MaxMessageIDLen)
+			r.aggID = middleware.SafeText(h.AggregateID, middleware.MaxMessageIDLen)
+			r.aggVersion, r.heldUntil = h.AggregateVersion, h.Until
+		} else {
+			// Such a version is never applied: the message stays set aside.
+			r.reason = boundReason(fmt.Sprintf("%s (not held: aggregate version %d is out of range)", m.Reason, h.AggregateVersion))
+		}
+	}
+	return r, nil
+}
+
+// boundReason makes reason safe text of at most about maxReasonLen bytes.
+func boundReason(reason string) string {
+	safe := middleware.SafeText(reason, 0)
+	if len(safe) <= maxReasonLen {
+		return safe
+	}
+	return fmt.Sprintf("%s… (%d bytes in all)", middleware.SafeText(safe, maxReasonLen), len(reason))
+}
+
+// safeMetadata returns meta with every key and value made safe text, and
+// whether that is meta exactly. Keys that become equal keep the value of
+// the first in byte order.
+func safeMetadata(meta map[string]string) (map[string]string, bool) {
+	safe := make(map[string]string, len(meta))
+	exact := true
+	for _, k := range slices.Sorted(maps.Keys(meta)) {
+		sk, sv := middleware.SafeText(k, 0), middleware.SafeText(meta[k], 0)
+		if sk != k || sv != meta[k] {
+			exact = false
+		}
+		if _, dup := safe[sk]; dup {
+			continue
+		}
+		safe[sk] = sv
+	}
+	return safe, exact
+}
+
+// encodeRawMetadata encodes meta byte for byte, as metadata_raw holds it: a
+// JSON array of [key, value] pairs in key order, each base64-encoded.
+func encodeRawMetadata(meta map[string]string) ([]byte, error) {
+	pairs := make([][2][]byte, 0, len(meta))
+	for _, k := range slices.Sorted(maps.Keys(meta)) {
+		pairs = append(pairs, [2][]byte{[]byte(k), []byte(meta[k])})
+	}
+	b, err := json.Marshal(pairs)
+	if err != nil {
+		return nil, fmt.Errorf("encode raw metadata: %w", err)
+	}
+	return b, nil
+}
+
+func decodeRawMetadata(b []byte) (map[string]string, error) {
+	var pairs [][2][]byte
+	if err := json.Unmarshal(b, &pairs); err != nil {
+		return nil, err
+	}
+	meta := make(map[string]string, len(pairs))
+	for _, p := range pairs {
+		meta[string(p[0])] = string(p[1])
+	}
+	return meta, nil
+}
+
+// StoredSetAside is a set-aside message with the id of its row. Its
+// MessageID and Metadata are the text the row holds: the message's own,
+// unless they were not text that a column or an index can hold (invalid
+// UTF-8, NUL bytes, an id longer than middleware.MaxMessageIDLen), in which
+// case MessageID is middleware.SafeMessageID of the id, Metadata has its
+// keys and values made safe (middleware.SafeText), and RawMessageID and
+// RawMetadata hold the originals. Original returns the message as it was
+// received.
 type StoredSetAside struct {
 	ID int64
 	middleware.SetAsideMessage
+	// RawMessageID is the message id byte for byte when MessageID is not
+	// it; nil otherwise.
+	RawMessageID []byte
+	// RawMetadata is the metadata byte for byte when Metadata is not it;
+	// nil otherwise.
+	RawMetadata map[string]string
 }
 
-const setAsideColumns = `id, handler, message_id, topic, payload, metadata, reason, attempts, set_aside_at`
+// Original returns the message as it was received: with its own id and
+// metadata, byte for byte.
+func (m StoredSetAside) Original() middleware.SetAsideMessage {
+	o := m.SetAsideMessage
+	if m.RawMessageID != nil {
+		o.MessageID = string(m.RawMessageID)
+	}
+	if m.RawMetadata != nil {
+		o.Metadata = m.RawMetadata
+	}
+	return o
+}
 
-func scanSetAside(sc interface{ Scan(...any) error }) (StoredSetAside, error) {
+const setAsideColumns = `id, handler, message_id, topic, payload, metadata, reason, attempts, set_aside_at, message_id_raw, metadata_raw`
+
+func scanSetAside(sc interface{ Scan(...any) error }, extra ...any) (StoredSetAside, error) {
 	var m StoredSetAside
-	var meta []byte
-	if err := sc.Scan(&m.ID, &m.Handler, &m.MessageID, &m.Topic, &m.Payload, &meta, &m.Reason, &m.Attempts, &m.At); err != nil {
+	var meta, rawMeta []byte
+	dest := append([]any{&m.ID, &m.Handler, &m.MessageID, &m.Topic, &m.Payload, &meta, &m.Reason, &m.Attempts, &m.At, &m.RawMessageID, &rawMeta}, extra...)
+	if err := sc.Scan(dest...); err != nil {
 		return StoredSetAside{}, err
 	}
 	if err := json.Unmarshal(meta, &m.Metadata); err != nil {
 		return StoredSetAside{}, fmt.Errorf("decode metadata of set-aside message %d: %w", m.ID, err)
+	}
+	if rawMeta != nil {
+		raw, err := decodeRawMetadata(rawMeta)
+		if err != nil {
+			return StoredSetAside{}, fmt.Errorf("decode raw metadata of set-aside message %d: %w", m.ID, err)
+		}
+		m.RawMetadata = raw
 	}
 	return m, nil
 }
@@ -121,17 +275,18 @@ func (s *SetAsideStore) Discard(ctx context.Context, id int64, logger *slog.Logg
 	return m, nil
 }
 
-// Replay hands the set-aside message id to republish, which sends it back
-// to its handler's queue, and deletes it once republish succeeded. Nothing
-// is held open while republish runs. If the delete fails after a successful
-// republish, the message is delivered again by a later replay: the
-// handler's dedup makes that harmless.
+// Replay hands the set-aside message id, as it was received (Original:
+// its own id and metadata, byte for byte), to republish, which sends it
+// back to its handler's queue, and deletes it once republish succeeded.
+// Nothing is held open while republish runs. If the delete fails after a
+// successful republish, the message is delivered again by a later replay:
+// the handler's dedup makes that harmless.
 func (s *SetAsideStore) Replay(ctx context.Context, id int64, republish func(context.Context, middleware.SetAsideMessage) error, logger *slog.Logger) (StoredSetAside, error) {
 	m, err := s.Get(ctx, id)
 	if err != nil {
 		return StoredSetAside{}, err
 	}
-	if err := republish(ctx, m.SetAsideMessage); err != nil {
+	if err := republish(ctx, m.Original()); err != nil {
 		return m, fmt.Errorf("replay set-aside message %d: %w", id, err)
 	}
 	if _, err := s.db.ExecContext(ctx, `DELETE FROM set_aside_messages WHERE id = $1`, id); err != nil {
@@ -198,20 +353,15 @@ func (s *SetAsideStore) Releasable(ctx context.Context, handler string) (ready [
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var m StoredSetAside
-		var meta []byte
 		var releasable bool
-		if err := rows.Scan(&m.ID, &m.Handler, &m.MessageID, &m.Topic, &m.Payload, &meta, &m.Reason, &m.Attempts, &m.At, &releasable); err != nil {
+		m, err := scanSetAside(rows, &releasable)
+		if err != nil {
 			return nil, true, fmt.Errorf("list held messages: %w", err)
 		}
 		anyHeld = true
-		if !releasable {
-			continue
+		if releasable {
+			ready = append(ready, m)
 		}
-		if err := json.Unmarshal(meta, &m.Metadata); err != nil {
-			return nil, true, fmt.Errorf("decode metadata of held message %d: %w", m.ID, err)
-		}
-		ready = append(ready, m)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, true, fmt.Errorf("list held messages: %w", err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/internal/trace"
+	"github.com/outboxmill/outboxmill/middleware"
 )
 
 // BatchConsumer consumes queues whose messages must be handled in order
@@ -23,15 +24,18 @@ import (
 // with the AMQP subscriber, which hands a handler one message and waits for
 // its ack before the next, so each message costs its own transaction.
 //
-// When a batch fails (an error, a panic, a message without an event id, a
-// failed commit), nothing of it is committed and its messages are handled
-// again one at a time, in order, by Fallback: the same middleware chain a
-// router would run (set-aside, retry, recoverer, dedup and the handler), so
-// only a failing message is retried and set aside. Each message Fallback
-// handles is acked; if it fails (a transient error that must not be set
-// aside), the channel is closed, which returns that message, the rest of
-// the batch and the prefetched deliveries to the queue in their order, and
-// the queue is consumed again after a backoff.
+// When a batch fails (an error, a panic, a failed commit), nothing of it is
+// committed and its messages are handled again one at a time, in order, by
+// Fallback: the same middleware chain a router would run (set-aside, retry,
+// recoverer, dedup and the handler), so only a failing message is retried
+// and set aside. A message whose id cannot be a dedup key (none, or not
+// text an index takes as it is: see middleware.CheckMessageID) never joins
+// a batch: Fallback handles it alone, in its place, and its dedup sets it
+// aside at once. Each message Fallback handles is acked; if it fails (a
+// transient error that must not be set aside), the channel is closed,
+// which returns that message, the rest of the batch and the prefetched
+// deliveries to the queue in their order, and the queue is consumed again
+// after a backoff.
 //
 // Each queue has its own connection and channel; a lost connection is
 // redialled with backoff. Deliveries are acked only after their
@@ -77,6 +81,11 @@ type BatchConsumer struct {
 	OnBatch func(size int)
 	// Logger receives failures; default slog.Default().
 	Logger *slog.Logger
+	// Throttle, when set, logs the warnings about failures that repeat
+	// (consuming again after a failure) instead of a throttle of the
+	// consumer's own over Logger, which logs a few of each kind a minute
+	// and then how many it left out.
+	Throttle *middleware.LogThrottle
 
 	readyOnce sync.Once
 	ready     chan struct{}
@@ -107,6 +116,9 @@ func (c *BatchConsumer) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Throttle == nil {
+		c.Throttle = &middleware.LogThrottle{Logger: c.Logger}
 	}
 }
 
@@ -182,7 +194,8 @@ func (c *BatchConsumer) consume(ctx context.Context, queue string) {
 		if progressed {
 			backoff = c.MinBackoff
 		}
-		c.Logger.Warn("batch consumer: consuming again after a failure", "queue", queue, "backoff", backoff, "error", err)
+		c.Throttle.Log(ctx, slog.LevelWarn, "consume again|"+middleware.ErrorClass(err),
+			"batch consumer: consuming again after a failure", "queue", queue, "backoff", backoff, "error", err)
 		t := time.NewTimer(backoff)
 		select {
 		case <-t.C:
@@ -294,11 +307,13 @@ func markReceived(d amqp.Delivery) {
 	}
 }
 
-// handle handles batch in one transaction and acks it; if the batch fails,
-// it hands each message to the fallback in order, acking each it handled.
-// An error means the channel must be closed: a delivery could not be acked,
-// or the fallback failed a message, which goes back to the queue with the
-// ones after it.
+// handle settles batch, in order, and acks it. A message whose id cannot
+// be a dedup key (see usableID) cannot have its marker written with the
+// others: it is handed to the fallback alone, which sets it aside at once,
+// and the runs of messages between such ones are settled as batches.
+// An error means the channel must be closed: a delivery could not be
+// acked, or the fallback failed a message, which goes back to the queue
+// with the ones after it.
 func (l *lane) handle(ctx context.Context, batch []amqp.Delivery) error {
 	// A batch in hand is finished even when ctx ends: its transaction is
 	// short, and finishing it spares a redelivery.
@@ -317,6 +332,34 @@ func (l *lane) handle(ctx context.Context, batch []amqp.Delivery) error {
 			trace.Mark(trace.Started, msg.UUID)
 		}
 	}
+	for start := 0; start < len(batch); {
+		if !usableID(msgs[start].UUID) {
+			if err := l.one(batch[start], msgs[start], len(batch)-1-start); err != nil {
+				return err
+			}
+			start++
+			continue
+		}
+		end := start + 1
+		for end < len(batch) && usableID(msgs[end].UUID) {
+			end++
+		}
+		if err := l.settle(ctx, batch[start:end], msgs[start:end], len(batch)-end); err != nil {
+			return err
+		}
+		start = end
+	}
+	return nil
+}
+
+// usableID reports whether id can be a dedup key: not empty, and text an
+// index takes as it is (middleware.CheckMessageID).
+func usableID(id string) bool { return id != "" && middleware.CheckMessageID(id) == nil }
+
+// settle handles batch in one transaction and acks it; if the batch fails,
+// it hands each message to the fallback in order, acking each it handled.
+// rest is the number of deliveries behind batch in hand, for the error.
+func (l *lane) settle(ctx context.Context, batch []amqp.Delivery, msgs []*message.Message, rest int) error {
 	_, err := l.processBatch(ctx, msgs)
 	if err == nil {
 		if l.c.OnBatch != nil {
@@ -330,12 +373,22 @@ func (l *lane) handle(ctx context.Context, batch []amqp.Delivery) error {
 	l.c.Logger.Debug("batch consumer: batch failed, handling its messages one at a time",
 		"queue", l.queue, "size", len(batch), "error", err)
 	for i, d := range batch {
-		if err := l.handleOne(msgs[i]); err != nil {
-			return fmt.Errorf("message %s failed; it and the %d after it in its batch go back to the queue: %w", msgs[i].UUID, len(batch)-1-i, err)
+		if err := l.one(d, msgs[i], len(batch)-1-i+rest); err != nil {
+			return err
 		}
-		if err := d.Ack(false); err != nil {
-			return fmt.Errorf("ack message %s: %w", msgs[i].UUID, err)
-		}
+	}
+	return nil
+}
+
+// one runs the fallback on msg and acks its delivery d. after is the number
+// of deliveries behind it in hand, for the error.
+func (l *lane) one(d amqp.Delivery, msg *message.Message, after int) error {
+	if err := l.handleOne(msg); err != nil {
+		return fmt.Errorf("message %s failed; it and the %d after it in hand go back to the queue: %w",
+			middleware.SafeMessageID(msg.UUID), after, err)
+	}
+	if err := d.Ack(false); err != nil {
+		return fmt.Errorf("ack message %s: %w", middleware.SafeMessageID(msg.UUID), err)
 	}
 	return nil
 }

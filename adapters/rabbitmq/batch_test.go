@@ -404,6 +404,74 @@ func TestBatchConsumer_FailedBatchFallsBackToOneAtATime(t *testing.T) {
 	}
 }
 
+// TestBatchConsumer_UnusableIDsSetAsideAlone: a message whose id cannot be
+// a dedup key (too long for an index, a NUL byte, invalid UTF-8) is set
+// aside at once, in its place, and acked; the messages around it are still
+// settled in batches, in order.
+func TestBatchConsumer_UnusableIDsSetAsideAlone(t *testing.T) {
+	t.Parallel()
+	f := newBatchFixture(t, 2)
+	long := strings.Repeat("0123456789abcdef", 200)
+	bad := map[int]func(q string) string{
+		20: func(q string) string { return q + "/" + long },
+		40: func(q string) string { return q + "/nul\x00" },
+		60: func(q string) string { return q + "/bad\xff\xfe" },
+	}
+	f.publish(80, func(q string, i int) (string, bool) {
+		if b, ok := bad[i]; ok {
+			return b(q), true
+		}
+		return "", false
+	})
+	stop := f.run(f.consumer(amqpURL()))
+	f.waitEffects(2 * 77)
+	f.waitUntil("6 set-aside messages", func() bool { return f.db.Count(t, `SELECT count(*) FROM set_aside_messages`) >= 6 })
+	stop()
+
+	want := map[string][]string{}
+	for q, ids := range f.sent {
+		for i, id := range ids {
+			if bad[i] == nil {
+				want[q] = append(want[q], id)
+			}
+		}
+	}
+	f.checkEffects(want)
+	f.checkQueuesEmpty()
+	var rows []struct {
+		Topic    string `db:"topic"`
+		Reason   string `db:"reason"`
+		Attempts int    `db:"attempts"`
+		Raw      []byte `db:"message_id_raw"`
+	}
+	if err := f.db.Select(&rows, `SELECT topic, reason, attempts, message_id_raw FROM set_aside_messages ORDER BY id`); err != nil {
+		t.Fatal(err)
+	}
+	perQueue := map[string][]string{}
+	for _, r := range rows {
+		if r.Attempts != 1 || !strings.Contains(r.Reason, middleware.ErrUnusableMessageID.Error()) {
+			t.Errorf("set aside after %d attempts, reason %q; want at once, because its id cannot be a dedup key", r.Attempts, r.Reason)
+		}
+		perQueue[r.Topic] = append(perQueue[r.Topic], string(r.Raw))
+	}
+	for _, q := range f.queues {
+		if got, want := perQueue[q], []string{bad[20](q), bad[40](q), bad[60](q)}; !slices.Equal(got, want) {
+			t.Errorf("set aside from %s: %.60q, want %.60q", q, got, want)
+		}
+	}
+	// Every valid message was settled in a batch: none went through the
+	// one-at-a-time fallback.
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	total := 0
+	for _, n := range f.batches {
+		total += n
+	}
+	if total != 2*77 {
+		t.Errorf("batches settled %d messages, want %d: a message with an unusable id broke its batch", total, 2*77)
+	}
+}
+
 func TestBatchConsumer_TransientFailureReturnsMessagesInOrder(t *testing.T) {
 	t.Parallel()
 	// Classic queues put returned messages back where they were; quorum

@@ -19,8 +19,12 @@ var _ wmamqp.Marshaler = Marshaler{}
 // the x-delivery-count number of quorum queues; the refused message is nacked
 // and redelivered forever. Marshaler instead turns such a header into text:
 // numbers and booleans with fmt, times as RFC 3339, tables and arrays as
-// JSON. A message without a usable UUID header gets an empty UUID and is left
-// for the handler's middleware to set aside.
+// JSON. Header keys, string values and byte arrays are kept byte for byte,
+// NUL bytes and invalid UTF-8 included: text a database cannot hold is the
+// set-aside store's concern (postgres.SetAsideStore keeps such bytes). A
+// message without a string UUID header gets an empty UUID and is left for
+// the handler's middleware to set aside; a UUID header of another type is
+// kept in the metadata as text, so that it can be inspected.
 type Marshaler struct{}
 
 // Marshal implements wmamqp.Marshaler.
@@ -40,11 +44,11 @@ func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	if d.Acknowledger == nil {
 		return nil, errNoDelivery
 	}
-	uuid, _ := d.Headers[wmamqp.DefaultMessageUUIDHeaderKey].(string)
+	uuid, isText := d.Headers[wmamqp.DefaultMessageUUIDHeaderKey].(string)
 	msg := message.NewMessage(uuid, d.Body)
 	msg.Metadata = make(message.Metadata, len(d.Headers))
 	for key, value := range d.Headers {
-		if key == wmamqp.DefaultMessageUUIDHeaderKey {
+		if key == wmamqp.DefaultMessageUUIDHeaderKey && isText {
 			continue
 		}
 		msg.Metadata[key] = headerText(value)

@@ -128,6 +128,30 @@ func TestMarshaler_Unmarshal(t *testing.T) {
 			if msg.UUID != "" {
 				t.Errorf("%s: UUID %q, want empty", name, msg.UUID)
 			}
+			if v, ok := headers[uuidHeader]; ok && msg.Metadata.Get(uuidHeader) == "" {
+				t.Errorf("%s: the UUID header %v is not kept in the metadata", name, v)
+			}
+		}
+	})
+
+	t.Run("bytes kept as they are", func(t *testing.T) {
+		t.Parallel()
+		// Text a database cannot hold (NUL bytes, invalid UTF-8, an id too
+		// long for an index) reaches the handler's chain unchanged: the
+		// set-aside store keeps such bytes.
+		long := string(make([]byte, 4000))
+		d := amqp.Delivery{Acknowledger: noAck{}, Body: []byte{0, 0xff}, Headers: amqp.Table{
+			uuidHeader:  "id\x00\xff" + long,
+			"k\x00\xff": "v\x00\xfe",
+			"bytes":     []byte{0, 0xff, 1},
+		}}
+		msg, err := rabbitmq.Marshaler{}.Unmarshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg.UUID != "id\x00\xff"+long || string(msg.Payload) != "\x00\xff" ||
+			msg.Metadata["k\x00\xff"] != "v\x00\xfe" || msg.Metadata["bytes"] != "\x00\xff\x01" || len(msg.Metadata) != 2 {
+			t.Errorf("unmarshalled %.20q %q %q", msg.UUID, msg.Payload, msg.Metadata)
 		}
 	})
 

@@ -1,13 +1,24 @@
-// Package reconcile checks the outbox pattern end to end: it compares the
-// events a producer committed to its outbox with the events each consumer
-// handler recorded as processed, and lists every event that is missing
-// past a threshold.
+// Package reconcile checks the outbox pattern end to end, in both
+// directions.
 //
-// It reads the producer's outbox table and the consumer's processed_events
-// and set_aside_messages tables, which may live in different databases. It
-// relies on the retention rule that dedup markers outlive outbox rows (see
-// package retention): every outbox row still present has its marker too
-// once processed.
+// Run compares the events a producer committed to its outbox with the
+// events each consumer handler recorded as processed, and lists every event
+// that is missing past a threshold; an event an operator discarded
+// (discarded_events) is listed as discarded, not missing. FindUnknown goes
+// the other way: the events a handler processed, set aside or discarded that
+// no outbox of their publishers holds (forged, or published by hand).
+// CheckEffects runs a module's own Check of its effects: each effect must be
+// caused by exactly one committed event, and no key may have more than one
+// effect.
+//
+// It reads the producers' outbox tables and the consumers' processed_events,
+// set_aside_messages and discarded_events tables (and a module's own tables,
+// through its Check), which may live in different databases. It relies on
+// the retention rule that dedup markers outlive outbox rows (see package
+// retention): every outbox row still present has its marker too once
+// processed. Going the other way, an outbox row is purged after the outbox
+// retention, so only what was recorded within the Window (the outbox
+// retention) can be checked against the outboxes.
 package reconcile
 
 import (
@@ -19,6 +30,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
 )
 
 // States of a missing event.
@@ -69,8 +81,10 @@ type Summary struct {
 	Committed int64 `json:"committed"`
 	// Processed counts those the handler recorded as processed.
 	Processed int64 `json:"processed"`
-	// Missing counts the others.
+	// Missing counts the others, less the discarded ones.
 	Missing int64 `json:"missing"`
+	// Discarded counts those an operator discarded: recorded, not missing.
+	Discarded int64 `json:"discarded"`
 }
 
 // Missing is an event a handler should have processed and has not.
@@ -85,14 +99,42 @@ type Missing struct {
 	State string `json:"state"`
 }
 
+// Discarded is an event an operator discarded instead of having it
+// processed, from its record in discarded_events.
+type Discarded struct {
+	EventID   string `json:"event_id"`
+	EventType string `json:"event_type,omitempty"`
+	// Handler is the handler whose set-aside message was discarded, or
+	// empty for an outbox row a relay set aside (Outbox).
+	Handler string `json:"handler,omitempty"`
+	Outbox  string `json:"outbox,omitempty"`
+	// Committed reports whether the event is in its publisher's outbox
+	// (false: it never was committed, or its row was purged).
+	Committed   bool      `json:"committed"`
+	Reason      string    `json:"reason"`
+	DiscardedAt time.Time `json:"discarded_at"`
+	DiscardedBy string    `json:"discarded_by"`
+}
+
+func discarded(d postgres.Discard, committed bool) Discarded {
+	return Discarded{
+		EventID: d.EventID, EventType: d.EventType, Handler: d.Handler, Outbox: d.Outbox, Committed: committed,
+		Reason: d.Reason, DiscardedAt: d.DiscardedAt, DiscardedBy: d.DiscardedBy,
+	}
+}
+
 // Report is the result of a reconciliation.
 type Report struct {
 	OlderThan time.Duration `json:"older_than_ns"`
 	Handlers  []Summary     `json:"handlers"`
 	Missing   []Missing     `json:"missing"`
+	// Discarded are the committed events that a handler did not process
+	// because they were discarded (by the handler's operator, or from the
+	// outbox by the relay's).
+	Discarded []Discarded `json:"discarded"`
 }
 
-// OK reports whether nothing is missing.
+// OK reports whether nothing is missing; discarded events are not missing.
 func (r Report) OK() bool { return len(r.Missing) == 0 }
 
 func (c *Config) setDefaults() {
@@ -123,7 +165,7 @@ func Run(ctx context.Context, config Config) (Report, error) {
 	if err := config.Validate(); err != nil {
 		return Report{}, err
 	}
-	report := Report{OlderThan: config.OlderThan, Missing: []Missing{}}
+	report := Report{OlderThan: config.OlderThan, Missing: []Missing{}, Discarded: []Discarded{}}
 	positions, err := outbox.Positions(ctx, config.Producer, config.Outbox)
 	if err != nil {
 		return report, err
@@ -136,19 +178,22 @@ func Run(ctx context.Context, config Config) (Report, error) {
 	}
 	for _, route := range config.Routes {
 		sum := Summary{Handler: route.Handler, EventTypes: route.EventTypes}
-		missing, err := checkRoute(ctx, config, route, txid, off, &sum)
+		missing, gone, err := checkRoute(ctx, config, route, txid, off, &sum)
 		if err != nil {
 			return report, err
 		}
 		report.Handlers = append(report.Handlers, sum)
 		report.Missing = append(report.Missing, missing...)
+		report.Discarded = append(report.Discarded, gone...)
 	}
 	return report, nil
 }
 
 // checkRoute walks the outbox rows routed to route in delivery order and
-// looks their ids up in the consumer's tables a batch at a time.
-func checkRoute(ctx context.Context, c Config, route Route, txid string, off int64, sum *Summary) ([]Missing, error) {
+// looks their ids up in the consumer's tables a batch at a time, and the
+// missing ones in the discard records of the handler (consumer database)
+// and of the outbox (producer database).
+func checkRoute(ctx context.Context, c Config, route Route, txid string, off int64, sum *Summary) ([]Missing, []Discarded, error) {
 	rows, err := c.Producer.QueryxContext(ctx, `
 		SELECT `+outbox.EventIDSQL+`,
 		       `+outbox.EventTypeSQL+`,
@@ -161,7 +206,7 @@ func checkRoute(ctx context.Context, c Config, route Route, txid string, off int
 		ORDER BY m.transaction_id, m."offset"`,
 		txid, off, route.EventTypes, c.OlderThan.Microseconds())
 	if err != nil {
-		return nil, fmt.Errorf("reconcile %s: read outbox: %w", route.Handler, err)
+		return nil, nil, fmt.Errorf("reconcile %s: read outbox: %w", route.Handler, err)
 	}
 	defer rows.Close()
 	type event struct {
@@ -169,6 +214,7 @@ func checkRoute(ctx context.Context, c Config, route Route, txid string, off int
 		unforwarded bool
 	}
 	var missing []Missing
+	var gone []Discarded
 	batch := make([]event, 0, c.BatchSize)
 	flush := func() error {
 		if len(batch) == 0 {
@@ -188,10 +234,43 @@ func checkRoute(ctx context.Context, c Config, route Route, txid string, off int
 		if err != nil {
 			return fmt.Errorf("reconcile %s: read set-aside messages: %w", route.Handler, err)
 		}
+		var notProcessed []string
+		for _, e := range batch {
+			if !processed[e.EventID] {
+				notProcessed = append(notProcessed, e.EventID)
+			}
+		}
+		discards := map[string]postgres.Discard{}
+		if len(notProcessed) > 0 {
+			for _, q := range []struct {
+				db *sqlx.DB
+				f  postgres.DiscardFilter
+			}{
+				{c.Consumer, postgres.DiscardFilter{Handler: route.Handler, EventIDs: notProcessed}},
+				{c.Producer, postgres.DiscardFilter{Outbox: c.Outbox.Topic, EventIDs: notProcessed}},
+			} {
+				ds, err := postgres.ListDiscards(ctx, q.db, q.f)
+				if err != nil {
+					return fmt.Errorf("reconcile %s: %w", route.Handler, err)
+				}
+				for _, d := range ds {
+					discards[d.EventID] = d
+				}
+			}
+		}
 		for _, e := range batch {
 			sum.Committed++
 			if processed[e.EventID] {
 				sum.Processed++
+				continue
+			}
+			if d, ok := discards[e.EventID]; ok {
+				sum.Discarded++
+				d.EventType = e.EventType
+				if d.Handler == "" {
+					d.Handler = route.Handler // the outbox row's discard kept it from this handler
+				}
+				gone = append(gone, discarded(d, true))
 				continue
 			}
 			sum.Missing++
@@ -212,24 +291,24 @@ func checkRoute(ctx context.Context, c Config, route Route, txid string, off int
 		var e event
 		var ageSeconds float64
 		if err := rows.Scan(&e.EventID, &e.EventType, &e.CommittedAt, &ageSeconds, &e.unforwarded); err != nil {
-			return nil, fmt.Errorf("reconcile %s: read outbox: %w", route.Handler, err)
+			return nil, nil, fmt.Errorf("reconcile %s: read outbox: %w", route.Handler, err)
 		}
 		e.Handler = route.Handler
 		e.Age = time.Duration(ageSeconds * float64(time.Second))
 		batch = append(batch, e)
 		if len(batch) == c.BatchSize {
 			if err := flush(); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("reconcile %s: read outbox: %w", route.Handler, err)
+		return nil, nil, fmt.Errorf("reconcile %s: read outbox: %w", route.Handler, err)
 	}
 	if err := flush(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return missing, nil
+	return missing, gone, nil
 }
 
 // lookup returns the set of values of the first column query returns.

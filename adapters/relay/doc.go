@@ -5,18 +5,22 @@
 //
 //   - Outboxmill (the default) reads batches by an index range scan,
 //     publishes them as one stream on one channel with many broker confirms
-//     in flight, stores its position from a separate goroutine past every
-//     wholly confirmed batch, is woken on commit (in process, or by a
-//     PostgreSQL notification sent after commit), and keeps a single active
-//     instance through an advisory lock;
+//     in flight but one per aggregate, stores its position from a separate
+//     goroutine past every settled row, is woken on commit (in process, or
+//     by a PostgreSQL notification sent after commit), and keeps a single
+//     active instance through a lease: an advisory lock on a session the
+//     server ends after Config.LeaseTimeout idle, which fences a frozen
+//     holder. A publish the broker refuses is published again before the
+//     rest of its aggregate, with back-pressure; a row the broker can never
+//     take is set aside with the later rows of its aggregate held behind it
+//     (see stream);
 //   - Forwarder is Watermill's own forwarder (components/forwarder) over
 //     watermill-sql's subscriber, publishing one message at a time and waiting
 //     for each confirm.
 //
 // Both publish, wait for the broker's confirm, and only then move the
 // position: a crash re-sends at most the rows whose position was not stored
-// yet. Both set aside a
-// row that is not a valid envelope (table outbox_set_aside) instead of
-// blocking the rows behind it. docs/relay.md explains the design and its
-// trade-offs.
+// yet. Both set aside a row that is not a valid envelope (table
+// outbox_set_aside) instead of blocking the rows behind it. docs/relay.md
+// explains the design and its trade-offs.
 package relay

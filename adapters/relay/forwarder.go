@@ -58,6 +58,35 @@ type Config struct {
 	// StandbyInterval (outboxmill) is how often a standby instance tries to
 	// take over. Default 250 ms.
 	StandbyInterval time.Duration
+	// LeaseTimeout (outboxmill) bounds how long a frozen or partitioned
+	// active relay keeps the stream: its database session ends after this
+	// long without use, and a standby takes over within StandbyInterval
+	// after that. The active relay renews its lease every LeaseTimeout/4
+	// and publishes only while the lease is known valid (see lease).
+	// Default 5 s; at least 1 s.
+	LeaseTimeout time.Duration
+	// MaxAttempts (outboxmill) is how many times the broker may close the
+	// connection on one row (a frame or message it cannot take) before the
+	// row is set aside as poison. Rows the broker can never take by their
+	// size are set aside at once. Default 5.
+	MaxAttempts int
+	// MaxMessageSize (outboxmill) is the largest message body the broker
+	// takes (RabbitMQ's max_message_size); a row with a larger one is set
+	// aside at once. Default 128 MiB, RabbitMQ's default; negative: no
+	// limit.
+	MaxMessageSize int
+	// Window (outboxmill) is how many rows may be read ahead of the stored
+	// position: rows of other aggregates go on while a refused row waits
+	// for its retry, until this many wait behind it. Default 4 × BatchSize.
+	Window int
+	// RefusalBackoff and MaxRefusalBackoff (outboxmill) bound the wait
+	// before a publish the broker nacked or returned is published again;
+	// the wait doubles with each refusal of the same row. Defaults 10 ms
+	// and 1 s.
+	RefusalBackoff, MaxRefusalBackoff time.Duration
+	// ReleaseInterval (outboxmill) is how often the relay looks for
+	// set-aside rows an operator asked to replay or discard. Default 1 s.
+	ReleaseInterval time.Duration
 	// RetryInterval (outboxmill) is the first wait after a failure; it
 	// doubles up to 5 s. Default 500 ms.
 	RetryInterval time.Duration
@@ -101,6 +130,27 @@ func (c *Config) setDefaults() {
 	}
 	if c.StandbyInterval == 0 {
 		c.StandbyInterval = 250 * time.Millisecond
+	}
+	if c.LeaseTimeout == 0 {
+		c.LeaseTimeout = 5 * time.Second
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 5
+	}
+	if c.MaxMessageSize == 0 {
+		c.MaxMessageSize = 128 << 20
+	}
+	if c.Window == 0 {
+		c.Window = 4 * c.BatchSize
+	}
+	if c.RefusalBackoff == 0 {
+		c.RefusalBackoff = 10 * time.Millisecond
+	}
+	if c.MaxRefusalBackoff == 0 {
+		c.MaxRefusalBackoff = time.Second
+	}
+	if c.ReleaseInterval == 0 {
+		c.ReleaseInterval = time.Second
 	}
 	if c.RetryInterval == 0 {
 		c.RetryInterval = 500 * time.Millisecond
@@ -147,6 +197,18 @@ func (c Config) Validate() error {
 	if c.StandbyInterval < 0 || c.PositionInterval < 0 || c.RetryInterval <= 0 || c.ConfirmTimeout <= 0 || c.CloseTimeout <= 0 {
 		errs = append(errs, errors.New("relay: intervals and timeouts must be positive"))
 	}
+	if c.LeaseTimeout < time.Second {
+		errs = append(errs, fmt.Errorf("relay: LeaseTimeout %s is below 1 s", c.LeaseTimeout))
+	}
+	if c.StandbyInterval > c.LeaseTimeout {
+		errs = append(errs, fmt.Errorf("relay: StandbyInterval %s is above LeaseTimeout %s", c.StandbyInterval, c.LeaseTimeout))
+	}
+	if c.MaxAttempts < 1 || c.Window < c.BatchSize {
+		errs = append(errs, errors.New("relay: need MaxAttempts >= 1 and Window >= BatchSize"))
+	}
+	if c.RefusalBackoff <= 0 || c.MaxRefusalBackoff < c.RefusalBackoff || c.ReleaseInterval <= 0 {
+		errs = append(errs, errors.New("relay: need 0 < RefusalBackoff <= MaxRefusalBackoff and ReleaseInterval > 0"))
+	}
 	return errors.Join(errs...)
 }
 
@@ -155,6 +217,8 @@ type Forwarder struct {
 	fwd       *forwarder.Forwarder
 	publisher *wmamqp.Publisher
 	sub       *wmsql.Subscriber
+	db        *sqlx.DB
+	config    Config
 }
 
 // NewForwarder wires Watermill's forwarder from the outbox in db to the
@@ -190,11 +254,20 @@ func NewForwarder(db *sqlx.DB, config Config) (*Forwarder, error) {
 		_ = sub.Close()
 		return nil, fmt.Errorf("relay: forwarder: %w", err)
 	}
-	return &Forwarder{fwd: fwd, publisher: pub, sub: sub}, nil
+	return &Forwarder{fwd: fwd, publisher: pub, sub: sub, db: db, config: config}, nil
 }
 
-// Run forwards until ctx ends or Close is called.
+// Run forwards until ctx ends or Close is called. It refuses to start, with
+// an error wrapping ErrPositionAhead, on a database restored or moved to
+// another server (see CheckPosition): Watermill's forwarder would skip every
+// new event silently.
 func (f *Forwarder) Run(ctx context.Context) error {
+	if err := CheckPosition(ctx, f.db, f.config.Outbox, f.config.ConsumerGroup); err != nil {
+		if errors.Is(err, ErrPositionAhead) {
+			f.config.Metrics.PositionAhead(true)
+		}
+		return fmt.Errorf("relay: %w", err)
+	}
 	return f.fwd.Run(ctx)
 }
 

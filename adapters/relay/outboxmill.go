@@ -42,6 +42,8 @@ type row struct {
 	msg     *message.Message
 	raw     []byte // the stored payload, kept for rows that cannot be forwarded
 	invalid string // why the row cannot be forwarded; empty if it can
+	seq     uint64 // order in the stream that read it
+	aside   *aside // how the row is set aside; nil when it is published
 }
 
 // Outboxmill is Outboxmill's relay. It reads the outbox in batches in
@@ -68,6 +70,11 @@ type Outboxmill struct {
 	config Config
 	logger *slog.Logger
 
+	mu       sync.Mutex
+	suspects map[position]suspicion // rows the broker closed the connection on
+
+	ahead aheadState // position ahead of the database's transaction ids (restore.go)
+
 	wake    chan struct{}
 	closing chan struct{}
 	once    sync.Once
@@ -86,7 +93,8 @@ func NewOutboxmill(db *sqlx.DB, config Config) (*Outboxmill, error) {
 		db:      db,
 		config:  config,
 		logger:  config.Logger.With("outbox", config.Outbox.Topic, "consumer_group", config.ConsumerGroup),
-		wake:    make(chan struct{}, 1),
+		suspects: map[position]suspicion{},
+		wake:     make(chan struct{}, 1),
 		closing: make(chan struct{}),
 		done:    make(chan struct{}),
 	}, nil
@@ -159,21 +167,18 @@ func (r *Outboxmill) Run(ctx context.Context) error {
 
 // lead takes the relay lock, then forwards until an error or ctx ends.
 func (r *Outboxmill) lead(ctx context.Context) (err error) {
-	lockConn, err := r.db.Connx(ctx)
+	l, err := r.acquireLease(ctx)
 	if err != nil {
-		return fmt.Errorf("connect for relay lock: %w", err)
-	}
-	defer lockConn.Close()
-	key := advisoryKey("relay:" + r.config.Outbox.Topic + ":" + r.config.ConsumerGroup)
-	if err := r.takeLock(ctx, lockConn, key); err != nil {
 		return err
 	}
-	defer func() {
-		_, _ = lockConn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, key)
-	}()
+	defer l.release()
 
 	pos, err := r.loadPosition(ctx)
 	if err != nil {
+		return err
+	}
+	// A restored or moved database: refuse rather than skip (restore.go).
+	if err := r.checkAhead(ctx, pos); err != nil {
 		return err
 	}
 	conn, err := rabbitmq.Dial(ctx, r.config.AMQPURL)
@@ -203,45 +208,12 @@ func (r *Outboxmill) lead(ctx context.Context) (err error) {
 
 	// Batches are published as one stream (see stream): while the last
 	// confirms of a batch come back, the next one is already on its way.
-	// What has been published is settled even when the relay is stopped,
-	// so that what the broker confirmed is recorded and not sent again.
-	work := context.WithoutCancel(ctx)
-	lockChecked := time.Now()
-	s := newStream(r, ch, returns, pos)
-	defer func() { err = errors.Join(err, s.close()) }()
-	for {
-		var b batch
-		select {
-		case <-ctx.Done():
-			return errors.Join(ctx.Err(), s.flush(work))
-		case err := <-closed:
-			return s.fail(fmt.Errorf("broker channel closed: %v", err))
-		case err := <-s.storeFailed():
-			return err
-		case <-s.oldestDone(): // never ready while nothing awaits a confirm
-			if err := s.settleOne(work); err != nil {
-				return err
-			}
-			continue
-		case b = <-batches:
-		}
-		if b.err != nil {
-			return errors.Join(b.err, s.flush(work))
-		}
-		// The lock lives as long as its session: a relay whose lock
-		// connection is gone stops within a standby interval, the time a
-		// standby needs to take over (until then its publishes are
-		// duplicates at worst: the position update is compare-and-set).
-		if time.Since(lockChecked) >= r.config.StandbyInterval {
-			if err := lockConn.PingContext(ctx); err != nil {
-				return errors.Join(fmt.Errorf("relay lock connection lost: %w", err), s.flush(work))
-			}
-			lockChecked = time.Now()
-		}
-		if err := s.publish(work, b.rows); err != nil {
-			return err
-		}
+	s, err := newStream(ctx, r, l, conn, ch, returns, pos)
+	if err != nil {
+		return err
 	}
+	defer func() { err = errors.Join(err, s.close()) }()
+	return s.run(ctx, batches, closed)
 }
 
 // batch is the result of one read of the outbox.
@@ -324,27 +296,6 @@ func (p *readPacer) read(started time.Time, n int, full, pending bool) {
 	}
 }
 
-// takeLock waits until this instance holds the relay lock.
-func (r *Outboxmill) takeLock(ctx context.Context, conn *sqlx.Conn, key int64) error {
-	standby := false
-	for {
-		var got bool
-		if err := conn.QueryRowxContext(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got); err != nil {
-			return fmt.Errorf("take relay lock: %w", err)
-		}
-		if got {
-			return nil
-		}
-		if !standby {
-			r.logger.Info("relay on standby: another instance is active")
-			standby = true
-		}
-		if !sleepCtx(ctx, r.config.StandbyInterval) {
-			return ctx.Err()
-		}
-	}
-}
-
 func (r *Outboxmill) loadPosition(ctx context.Context) (position, error) {
 	offsets := r.config.Outbox.OffsetsTable()
 	if _, err := r.db.ExecContext(ctx, `
@@ -373,7 +324,8 @@ func (r *Outboxmill) readBatch(ctx context.Context, pos position) (rows []row, p
 	// outbox instead of scanning the primary key from the position).
 	rs, err := r.db.QueryContext(ctx, `
 		SELECT m.transaction_id::text AS tx, m."offset", m.uuid, m.payload::text,
-		       m.transaction_id < pg_snapshot_xmin(pg_current_snapshot()) AS visible
+		       m.transaction_id < pg_snapshot_xmin(pg_current_snapshot()) AS visible,
+		       m.transaction_id >= pg_snapshot_xmax(pg_current_snapshot()) AS ahead
 		FROM `+r.config.Outbox.Table()+` m
 		WHERE (m.transaction_id, m."offset") > ($1::xid8, $2::bigint)
 		ORDER BY m.transaction_id, m."offset"
@@ -387,9 +339,16 @@ func (r *Outboxmill) readBatch(ctx context.Context, pos position) (rows []row, p
 			x       row
 			payload sql.NullString
 			visible bool
+			ahead   bool
 		)
-		if err := rs.Scan(&x.pos.txID, &x.pos.offset, &x.uuid, &payload, &visible); err != nil {
+		if err := rs.Scan(&x.pos.txID, &x.pos.offset, &x.uuid, &payload, &visible, &ahead); err != nil {
 			return nil, false, fmt.Errorf("read outbox: %w", err)
+		}
+		if ahead {
+			// A transaction id the server has not assigned yet: the
+			// database was restored or moved while the relay ran.
+			rs.Close()
+			return nil, false, r.checkAhead(ctx, pos)
 		}
 		if !visible {
 			// Rows are in transaction order: every later row is newer still.
@@ -444,19 +403,30 @@ func (r *Outboxmill) waitConfirm(ctx context.Context, c *amqp.DeferredConfirmati
 	return acked, nil
 }
 
-// storePosition sets aside the invalid rows and moves the position from
-// prev to next, in one transaction. The update is compare-and-set on prev.
-func (r *Outboxmill) storePosition(ctx context.Context, prev, next position, invalid []row) error {
-	tx, err := r.db.BeginTxx(ctx, nil)
+// storePosition sets aside the rows to set aside and moves the position from
+// prev to next, in one transaction on the lease's session (so that a relay
+// whose lease the server ended cannot move it). The update is
+// compare-and-set on prev.
+func (r *Outboxmill) storePosition(ctx context.Context, l *lease, prev, next position, aside []row) error {
+	return l.use(ctx, func(ctx context.Context, conn *sqlx.Conn) error {
+		return r.storePositionOn(ctx, conn, prev, next, aside)
+	})
+}
+
+// storePositionOn is storePosition on the lease's session conn.
+func (r *Outboxmill) storePositionOn(ctx context.Context, conn *sqlx.Conn, prev, next position, aside []row) error {
+	tx, err := conn.BeginTxx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("store relay position: %w", err)
 	}
 	defer tx.Rollback()
-	for _, x := range invalid {
-		if err := SetAsideRow(ctx, tx, r.config.Outbox.Topic, x.uuid, x.raw, x.invalid); err != nil {
+	for _, x := range aside {
+		if err := setAsideEntry(ctx, tx, r.config.Outbox.Topic, x); err != nil {
 			return err
 		}
-		r.logger.Warn("outbox row set aside", "message_id", x.uuid, "reason", x.invalid)
+		if x.aside.kind == AsideInvalid {
+			r.logger.Warn("outbox row set aside", "message_id", x.uuid, "reason", x.aside.reason)
+		}
 	}
 	res, err := tx.ExecContext(ctx, `
 		UPDATE `+r.config.Outbox.OffsetsTable()+`

@@ -14,6 +14,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
 )
 
 // ErrNotEnvelope is returned for an outbox row that is not a forwarder
@@ -50,15 +51,32 @@ type SetAsideRecord struct {
 	Payload    []byte    `db:"payload" json:"payload"`
 	Reason     string    `db:"reason" json:"reason"`
 	SetAsideAt time.Time `db:"set_aside_at" json:"set_aside_at"`
+	// Kind is AsideInvalid, AsidePoison or AsideHeld.
+	Kind string `db:"kind" json:"kind"`
+	// EventID is the event's id (nil for a row that is not an envelope).
+	EventID *string `db:"event_id" json:"event_id,omitempty"`
+	// AggregateType and AggregateID name the aggregate whose later rows
+	// are held behind a poison row.
+	AggregateType *string `db:"aggregate_type" json:"aggregate_type,omitempty"`
+	AggregateID   *string `db:"aggregate_id" json:"aggregate_id,omitempty"`
+	// Attempts counts the publishes of a poison row that failed.
+	Attempts int `db:"attempts" json:"attempts"`
+	// Action is the release an operator asked for (ActionReplay or
+	// ActionDiscard), not carried out yet; nil when none.
+	Action            *string    `db:"action" json:"action,omitempty"`
+	ActionRequestedAt *time.Time `db:"action_requested_at" json:"action_requested_at,omitempty"`
+	ActionBy          *string    `db:"action_requested_by" json:"action_requested_by,omitempty"`
 }
+
+// setAsideColumns are the columns of a SetAsideRecord.
+const setAsideColumns = `id, outbox, message_id, payload, reason, set_aside_at, kind, event_id, aggregate_type,
+	aggregate_id, attempts, action, action_requested_at, action_requested_by`
 
 // ListSetAside returns the set-aside rows of every outbox in db, oldest
 // first.
 func ListSetAside(ctx context.Context, db sqlx.QueryerContext) ([]SetAsideRecord, error) {
 	var recs []SetAsideRecord
-	if err := sqlx.SelectContext(ctx, db, &recs, `
-		SELECT id, outbox, message_id, payload, reason, set_aside_at
-		FROM outbox_set_aside ORDER BY id`); err != nil {
+	if err := sqlx.SelectContext(ctx, db, &recs, `SELECT `+setAsideColumns+` FROM outbox_set_aside ORDER BY id`); err != nil {
 		return nil, fmt.Errorf("list set-aside outbox rows: %w", err)
 	}
 	return recs, nil
@@ -68,9 +86,7 @@ func ListSetAside(ctx context.Context, db sqlx.QueryerContext) ([]SetAsideRecord
 // ErrSetAsideNotFound.
 func GetSetAside(ctx context.Context, db sqlx.QueryerContext, id int64) (SetAsideRecord, error) {
 	var rec SetAsideRecord
-	err := sqlx.GetContext(ctx, db, &rec, `
-		SELECT id, outbox, message_id, payload, reason, set_aside_at
-		FROM outbox_set_aside WHERE id = $1`, id)
+	err := sqlx.GetContext(ctx, db, &rec, `SELECT `+setAsideColumns+` FROM outbox_set_aside WHERE id = $1`, id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return SetAsideRecord{}, fmt.Errorf("outbox row %d: %w", id, ErrSetAsideNotFound)
 	}
@@ -80,18 +96,105 @@ func GetSetAside(ctx context.Context, db sqlx.QueryerContext, id int64) (SetAsid
 	return rec, nil
 }
 
-// DiscardSetAside deletes the set-aside row id and logs what it deleted. It
-// returns the deleted row, or an error wrapping ErrSetAsideNotFound.
+// ErrHeld is returned for a request to replay or discard a row held behind a
+// poison row: it is released with that row.
+var ErrHeld = errors.New("outbox row is held behind a poison row of its aggregate")
+
+// ErrReleaseRequested is wrapped by ReplaySetAside and DiscardSetAside when
+// the row is a poison row: the request is recorded and the active relay
+// carries it out (see AwaitRelease).
+var ErrReleaseRequested = errors.New("release requested from the relay")
+
+// requestRelease records an operator's request to replay or discard the
+// poison row rec, for the relay.
+func requestRelease(ctx context.Context, db *sqlx.DB, rec SetAsideRecord, action string, logger *slog.Logger) (SetAsideRecord, error) {
+	if rec.Kind == AsideHeld {
+		return rec, fmt.Errorf("outbox row %d (event %s): %w; replay or discard the poison row set aside before it",
+			rec.ID, deref(rec.EventID), ErrHeld)
+	}
+	res, err := db.ExecContext(ctx, `
+		UPDATE outbox_set_aside SET action = $2, action_requested_at = now(), action_requested_by = $3
+		WHERE id = $1 AND kind = 'poison'`, rec.ID, action, postgres.Actor(ctx))
+	if err != nil {
+		return rec, fmt.Errorf("request %s of outbox row %d: %w", action, rec.ID, err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return rec, fmt.Errorf("outbox row %d: %w", rec.ID, ErrSetAsideNotFound)
+	}
+	logger.Info("release of a set-aside outbox row requested", "id", rec.ID, "action", action, "outbox", rec.Outbox,
+		"event_id", deref(rec.EventID))
+	return rec, fmt.Errorf("%s of outbox row %d: %w", action, rec.ID, ErrReleaseRequested)
+}
+
+// AwaitRelease waits until the set-aside row id is gone (the relay carried
+// out the release asked for it) or ctx ends. It returns nil once the row is
+// gone, or the row as it stands when ctx ends (its reason says why, if the
+// relay kept it set aside).
+func AwaitRelease(ctx context.Context, db sqlx.QueryerContext, id int64) (SetAsideRecord, error) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		rec, err := GetSetAside(ctx, db, id)
+		if errors.Is(err, ErrSetAsideNotFound) {
+			return SetAsideRecord{}, nil
+		}
+		if err == nil && rec.Action == nil {
+			return rec, fmt.Errorf("outbox row %d stays set aside: %s", id, rec.Reason)
+		}
+		select {
+		case <-ctx.Done():
+			if err != nil {
+				return rec, err
+			}
+			return rec, ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// DiscardSetAside deletes the set-aside row id, recording the discard (see
+// postgres.RecordDiscard), and logs what it deleted. For a poison row it
+// asks the relay instead, which deletes it and then publishes the rows held
+// behind it: the error then wraps ErrReleaseRequested. It returns the row, or
+// an error wrapping ErrSetAsideNotFound, or ErrHeld for a held row.
 func DiscardSetAside(ctx context.Context, db *sqlx.DB, id int64, logger *slog.Logger) (SetAsideRecord, error) {
-	var rec SetAsideRecord
-	err := db.GetContext(ctx, &rec, `
-		DELETE FROM outbox_set_aside WHERE id = $1
-		RETURNING id, outbox, message_id, payload, reason, set_aside_at`, id)
+	rec, err := GetSetAside(ctx, db, id)
+	if err != nil {
+		return rec, err
+	}
+	if rec.Kind != AsideInvalid {
+		return requestRelease(ctx, db, rec, ActionDiscard, logger)
+	}
+	tx, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		return SetAsideRecord{}, fmt.Errorf("discard set-aside outbox row %d: %w", id, err)
+	}
+	defer tx.Rollback()
+	err = tx.GetContext(ctx, &rec, `DELETE FROM outbox_set_aside WHERE id = $1 RETURNING `+setAsideColumns, id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return SetAsideRecord{}, fmt.Errorf("outbox row %d: %w", id, ErrSetAsideNotFound)
 	}
 	if err != nil {
 		return SetAsideRecord{}, fmt.Errorf("discard set-aside outbox row %d: %w", id, err)
+	}
+	at := rec.SetAsideAt
+	by := postgres.Actor(ctx)
+	if by == "" {
+		by = "relay.DiscardSetAside"
+	}
+	if err := postgres.RecordDiscard(ctx, tx, postgres.Discard{EventID: rec.MessageID, Outbox: rec.Outbox,
+		Reason: rec.Reason, SetAsideAt: &at, DiscardedBy: by}); err != nil {
+		return SetAsideRecord{}, fmt.Errorf("discard set-aside outbox row %d: %w", id, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return SetAsideRecord{}, fmt.Errorf("discard set-aside outbox row %d: commit: %w", id, err)
 	}
 	logger.Warn("set-aside outbox row discarded", "id", rec.ID, "outbox", rec.Outbox,
 		"message_id", rec.MessageID, "reason", rec.Reason, "set_aside_at", rec.SetAsideAt)
@@ -102,17 +205,23 @@ func DiscardSetAside(ctx context.Context, db *sqlx.DB, id int64, logger *slog.Lo
 // transaction that inserts it as a new outbox row (behind every row already
 // there) and deletes it from outbox_set_aside. Only a row that now passes
 // CheckEnvelope is replayed; any other stays set aside and the error wraps
-// ErrNotEnvelope.
+// ErrNotEnvelope. For a poison row it asks the relay instead, which
+// publishes it and then the rows held behind it, before any later row of
+// its aggregate: the error then wraps ErrReleaseRequested. A held row is
+// refused with ErrHeld.
 func ReplaySetAside(ctx context.Context, db *sqlx.DB, id int64, logger *slog.Logger) (SetAsideRecord, error) {
+	if rec, err := GetSetAside(ctx, db, id); err != nil {
+		return rec, err
+	} else if rec.Kind != AsideInvalid {
+		return requestRelease(ctx, db, rec, ActionReplay, logger)
+	}
 	tx, err := db.BeginTxx(ctx, nil)
 	if err != nil {
 		return SetAsideRecord{}, fmt.Errorf("replay set-aside outbox row %d: %w", id, err)
 	}
 	defer tx.Rollback()
 	var rec SetAsideRecord
-	err = tx.GetContext(ctx, &rec, `
-		SELECT id, outbox, message_id, payload, reason, set_aside_at
-		FROM outbox_set_aside WHERE id = $1 FOR UPDATE`, id)
+	err = tx.GetContext(ctx, &rec, `SELECT `+setAsideColumns+` FROM outbox_set_aside WHERE id = $1 FOR UPDATE`, id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return SetAsideRecord{}, fmt.Errorf("outbox row %d: %w", id, ErrSetAsideNotFound)
 	}

@@ -1,8 +1,11 @@
 package relay
 
 import (
+	"container/heap"
 	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -11,172 +14,403 @@ import (
 	"github.com/outboxmill/outboxmill/internal/trace"
 )
 
-// stream publishes batches on one broker channel as one continuous flow:
-// up to InFlight publishes await their confirm at any time, across batch
-// boundaries, so the broker is not left idle while a batch's last confirms
-// come back. A batch is handed to the position writer as soon as every row
-// of it is confirmed (and after every earlier batch), so the position only
-// ever moves past confirmed rows, in order; the writer stores it while the
-// stream goes on publishing.
+// stream publishes the rows read from the outbox on one broker channel.
 //
-// A row the broker nacks or returns as unroutable, or whose confirm does not
-// come, ends the stream: the position is stored up to the row before it, and
-// the rows after it, already published or not, are published again by the
-// next stream. A crash re-sends at most the rows published since the last
-// stored position: those awaiting a confirm and those the position writer
-// has not stored yet.
+// Rows enter a window in delivery order and leave it, in the same order, to
+// the position writer once each is settled: confirmed by the broker, or set
+// aside. The position therefore only ever moves past settled rows. Within the
+// window, the rows of one aggregate form a queue: only its head is published,
+// and the next row of the aggregate only once the broker confirmed the head,
+// so a refused publish can never be overtaken by a later event of its
+// aggregate. Up to the in-flight limit of publishes await their confirm at
+// once, across aggregates and batches.
+//
+// A publish the broker nacks or returns is published again, with a delay
+// growing from Config.RefusalBackoff to Config.MaxRefusalBackoff, before the
+// rest of its aggregate; each refusal halves the in-flight limit and each
+// confirm raises it by one (back-pressure, as TCP does), so a full queue slows
+// the relay down and a drained one brings it back to full rate within a few
+// hundred confirms.
+//
+// A row the broker can never take (see stream.precheck and
+// Outboxmill.suspect) is set aside as poison, and the later rows of its
+// aggregate are held behind it: set aside too, not published, until an
+// operator has the poison row replayed or discarded (see stream.release). A
+// poison row thus holds back its own aggregate only, and never reorders it.
 type stream struct {
 	r        *Outboxmill
+	lease    *lease
 	ch       *amqp.Channel
+	frameMax int // the connection's frame size; 0: unlimited
 	returns  <-chan amqp.Return
 	returned map[string]string // message UUID -> why the broker returned it
 	writer   *positionWriter
 
-	open        []*openBatch // published at least in part, position not stored; oldest first
-	outstanding int          // publishes awaiting their confirm, over all open batches
+	window   []*entry            // read, not handed to the position writer yet; delivery order
+	seq      uint64              // seq of the last row added
+	queues   map[string][]*entry // per aggregate key: its unsettled rows and release markers, in order
+	ready    byOrder             // queue heads to publish now
+	retrying byRetry             // refused queue heads waiting for their retry time
+	inflight []*entry            // awaiting their confirm; publish order
+	limit    int                 // in-flight limit, from 1 to Config.InFlight
+
+	blocked  map[string]uint64 // keys held behind a set-aside row -> seq of the last row held (0: none in this stream)
+	markers  map[string]*entry // keys with a release waiting to be carried out
+	timer    *time.Timer       // fires at the next retry time or confirm deadline
+	timerAt  time.Time
+	throttle time.Time // since when refused rows wait for their retry (zero: none)
+	warned   time.Time // last warning about refusals
+	refusals int       // refusals since the last warning
 }
 
-// openBatch is a batch whose position is not stored yet.
-type openBatch struct {
-	rows     []row
-	confirms []*amqp.DeferredConfirmation // nil for rows not published (yet, or invalid)
-	sent     int                          // rows handed to the broker (or skipped as invalid)
-	settled  int                          // rows, from the first, confirmed (or invalid)
-	started  time.Time
+// entry is a row in the stream's window, or a release marker in its
+// aggregate's queue.
+type entry struct {
+	row
+	key      string
+	state    entryState
+	confirm  *amqp.DeferredConfirmation
+	sentAt   time.Time
+	refusals int
+	retryAt  time.Time
+	index    int // in the heap holding it
+
+	// marker: a release of key's set-aside rows, carried out once the rows
+	// held in this stream are stored (seq after).
+	marker bool
+	after  uint64
 }
+
+type entryState uint8
+
+const (
+	waiting   entryState = iota // to be published (again)
+	inFlight                    // published, awaiting its confirm
+	confirmed                   // confirmed by the broker
+	setAside                    // set aside (row.aside says how)
+)
+
+func (e *entry) settled() bool { return e.state == confirmed || e.state == setAside }
 
 // newStream starts a stream whose position, stored in the offsets table, is
-// pos. Call close when done with it.
-func newStream(r *Outboxmill, ch *amqp.Channel, returns <-chan amqp.Return, pos position) *stream {
-	return &stream{r: r, ch: ch, returns: returns, returned: map[string]string{}, writer: startPositionWriter(r, pos)}
+// pos, with the aggregates held behind set-aside rows as stored. Call close
+// when done with it.
+func newStream(ctx context.Context, r *Outboxmill, l *lease, conn *amqp.Connection, ch *amqp.Channel, returns <-chan amqp.Return, pos position) (*stream, error) {
+	blocked, err := r.loadBlocked(ctx)
+	if err != nil {
+		return nil, err
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	return &stream{
+		r: r, lease: l, ch: ch, frameMax: conn.Config.FrameSize, returns: returns, returned: map[string]string{},
+		writer: startPositionWriter(r, l, pos),
+		queues: map[string][]*entry{}, limit: r.config.InFlight,
+		blocked: blocked, markers: map[string]*entry{}, timer: timer,
+	}, nil
 }
 
 // close waits until every settled row's position is stored and returns the
 // first storing error not yet reported by storeFailed.
-func (s *stream) close() error { return s.writer.close() }
-
-// storeFailed is ready with an error when storing a position failed (the
-// database is unreachable, or another relay moved the position): the stream
-// must stop.
-func (s *stream) storeFailed() <-chan error { return s.writer.errc }
-
-// publish hands every row of rows to the broker, waiting for the oldest
-// confirms whenever InFlight publishes are outstanding. It does not wait for
-// the batch's own last confirms: settle and flush do.
-func (s *stream) publish(ctx context.Context, rows []row) error {
-	b := &openBatch{rows: rows, confirms: make([]*amqp.DeferredConfirmation, len(rows)), started: time.Now()}
-	s.open = append(s.open, b)
-	for i, x := range rows {
-		if x.invalid != "" {
-			b.sent++
-			continue
-		}
-		for s.outstanding >= s.r.config.InFlight {
-			if err := s.settleOne(ctx); err != nil {
-				return err
-			}
-		}
-		pub, err := rabbitmq.Marshaler{}.Marshal(x.msg)
-		if err != nil {
-			return s.fail(fmt.Errorf("marshal event %s: %w", x.msg.UUID, err))
-		}
-		b.confirms[i], err = s.ch.PublishWithDeferredConfirmWithContext(ctx, s.r.config.Exchange, x.topic,
-			s.r.config.RequireRoute(x.topic), false, pub)
-		if err != nil {
-			return s.fail(fmt.Errorf("publish event %s: %w", x.msg.UUID, err))
-		}
-		b.sent++
-		s.outstanding++
-		trace.Mark(trace.Published, x.msg.UUID)
-	}
-	// A batch of invalid rows only, or one whose rows all settled while it
-	// was published, is stored at once.
-	return s.storeSettled()
+func (s *stream) close() error {
+	s.timer.Stop()
+	return s.writer.close()
 }
 
-// flush waits for every outstanding confirm and stores the position of
-// every batch.
-func (s *stream) flush(ctx context.Context) error {
-	for s.outstanding > 0 {
-		if err := s.settleOne(ctx); err != nil {
+// run publishes the batches read until ctx ends, the channel closes, a read
+// or a position update fails. What has been published is settled even when
+// the relay is stopped, so that what the broker confirmed is recorded and
+// not sent again.
+func (s *stream) run(ctx context.Context, batches <-chan batch, closed <-chan *amqp.Error) error {
+	work := context.WithoutCancel(ctx)
+	releases := time.NewTicker(s.r.config.ReleaseInterval)
+	defer releases.Stop()
+	if err := s.pollReleases(ctx); err != nil {
+		return err
+	}
+	for {
+		if err := s.dispatch(work); err != nil {
+			return err
+		}
+		var in <-chan batch
+		if len(s.window) < s.r.config.Window {
+			in = batches
+		}
+		s.armTimer()
+		select {
+		case <-ctx.Done():
+			return errors.Join(ctx.Err(), s.flush(work))
+		case err := <-closed:
+			return s.closed(err)
+		case err := <-s.writer.errc:
+			return err
+		case <-s.writer.stored:
+			// Markers waiting for held rows to be stored may be due.
+		case <-s.oldestDone():
+			s.settleConfirms()
+		case <-s.timer.C:
+			s.timerAt = time.Time{}
+			if err := s.timeUp(); err != nil {
+				return err
+			}
+		case <-releases.C:
+			if err := s.pollReleases(ctx); err != nil {
+				return err
+			}
+		case b := <-in:
+			if b.err != nil {
+				return errors.Join(b.err, s.flush(work))
+			}
+			s.add(b.rows)
+		}
+		if err := s.advance(); err != nil {
 			return err
 		}
 	}
-	return s.storeSettled()
 }
 
-// oldestDone returns a channel closed when the oldest outstanding confirm
-// has come, or nil (never ready) when none is outstanding.
-func (s *stream) oldestDone() <-chan struct{} {
-	b, i := s.oldestUnsettled()
-	if b == nil {
-		return nil
+// add takes rows, in delivery order, into the window.
+func (s *stream) add(rows []row) {
+	for _, x := range rows {
+		s.seq++
+		x.seq = s.seq
+		e := &entry{row: x}
+		s.window = append(s.window, e)
+		if x.invalid != "" {
+			e.aside = &aside{kind: AsideInvalid, reason: x.invalid}
+			e.state = setAside
+			continue
+		}
+		e.key = aggregateKey(x)
+		if _, ok := s.blocked[e.key]; ok {
+			s.hold(e, "held behind a set-aside event of its aggregate")
+			continue
+		}
+		s.enqueue(e)
 	}
-	return b.confirms[i].Done()
 }
 
-// settleOne waits for the oldest outstanding confirm, then stores the
-// position of every batch that is now wholly settled.
-func (s *stream) settleOne(ctx context.Context) error {
-	b, i := s.oldestUnsettled()
-	if b == nil {
-		return nil
+// enqueue appends e to its aggregate's queue; a new head is ready at once.
+func (s *stream) enqueue(e *entry) {
+	q := append(s.queues[e.key], e)
+	s.queues[e.key] = q
+	if len(q) == 1 && !e.marker {
+		heap.Push(&s.ready, e)
 	}
-	x := b.rows[i]
-	acked, err := s.r.waitConfirm(ctx, b.confirms[i])
-	s.outstanding--
+}
+
+// hold sets e aside behind the set-aside row of its aggregate.
+func (s *stream) hold(e *entry, reason string) {
+	e.aside = &aside{kind: AsideHeld, reason: reason}
+	e.state = setAside
+	s.blocked[e.key] = e.seq
+	s.r.config.Metrics.SetAside(1)
+}
+
+// dispatch publishes ready rows while the in-flight limit allows, and
+// carries out the releases that are due.
+func (s *stream) dispatch(ctx context.Context) error {
+	for _, m := range s.markers {
+		if q := s.queues[m.key]; len(q) > 0 && q[0] == m && s.writer.storedSeq.Load() >= m.after && !m.retryAt.After(time.Now()) {
+			if err := s.release(ctx, m); err != nil {
+				return err
+			}
+		}
+	}
+	for len(s.inflight) < s.limit && s.ready.Len() > 0 {
+		if err := s.lease.check(); err != nil {
+			return s.fail(err)
+		}
+		e := heap.Pop(&s.ready).(*entry)
+		pub, reason := s.precheck(e)
+		if reason != "" {
+			s.poison(e, reason)
+			continue
+		}
+		var err error
+		e.sentAt = time.Now()
+		trace.Mark(trace.Published, e.msg.UUID) // before: a consumer may have it as soon as it is sent
+		e.confirm, err = s.ch.PublishWithDeferredConfirmWithContext(ctx, s.r.config.Exchange, e.topic,
+			s.r.config.RequireRoute(e.topic), false, pub)
+		if err != nil {
+			return s.fail(fmt.Errorf("publish event %s: %w", e.msg.UUID, err))
+		}
+		e.state = inFlight
+		s.inflight = append(s.inflight, e)
+	}
+	return nil
+}
+
+// precheck marshals e's message and returns why the broker can never take
+// it, if it cannot: headers that do not fit in one frame (the broker closes
+// the connection with FRAME_ERROR), a body over Config.MaxMessageSize, a
+// header name over 255 bytes, or a row the broker closed the connection on
+// Config.MaxAttempts times.
+func (s *stream) precheck(e *entry) (amqp.Publishing, string) {
+	if reason := s.r.poisonReason(e.pos); reason != "" {
+		return amqp.Publishing{}, reason
+	}
+	pub, err := rabbitmq.Marshaler{}.Marshal(e.msg)
 	if err != nil {
-		return s.fail(err)
+		return pub, "cannot be marshaled: " + err.Error()
 	}
-	if !acked {
-		return s.fail(fmt.Errorf("broker nacked event %s", x.msg.UUID))
-	}
-	// A return for a mandatory message is dispatched before its confirm,
-	// so it is queued by now if there is one.
-	s.drainReturns()
-	if reason, ok := s.returned[x.msg.UUID]; ok {
-		delete(s.returned, x.msg.UUID)
-		return s.fail(fmt.Errorf("event %s returned by the broker: %s", x.msg.UUID, reason))
-	}
-	b.settled = i + 1
-	s.skipInvalid(b)
-	return s.storeSettled()
+	return pub, unpublishable(pub, s.frameMax, s.r.config.MaxMessageSize)
 }
 
-// oldestUnsettled returns the first published row not yet confirmed,
-// settling the invalid rows met on the way.
-func (s *stream) oldestUnsettled() (*openBatch, int) {
-	for _, b := range s.open {
-		s.skipInvalid(b)
-		if b.settled < b.sent {
-			return b, b.settled
-		}
-		if b.settled < len(b.rows) {
-			return nil, 0 // the rest of this batch is not published yet
-		}
-	}
-	return nil, 0
-}
-
-// skipInvalid counts the sent invalid rows at the head of b's unsettled rows
-// as settled: they are set aside when the batch's position is stored.
-func (s *stream) skipInvalid(b *openBatch) {
-	for b.settled < b.sent && b.confirms[b.settled] == nil {
-		b.settled++
+// poison sets e aside as a row that cannot be forwarded and holds the rest
+// of its aggregate's queue behind it.
+func (s *stream) poison(e *entry, reason string) {
+	e.aside = &aside{kind: AsidePoison, reason: reason, attempts: s.r.attempts(e.pos)}
+	e.state = setAside
+	s.r.config.Metrics.SetAside(1)
+	s.r.logger.Warn("outbox row set aside: the broker cannot take it; later events of its aggregate are held behind it",
+		"event_id", e.msg.UUID, "aggregate", e.key, "topic", e.topic, "reason", reason)
+	q := s.queues[e.key]
+	delete(s.queues, e.key)
+	s.blocked[e.key] = e.seq
+	for _, x := range q[1:] {
+		s.hold(x, "held behind event "+e.msg.UUID+": "+reason)
 	}
 }
 
-// storeSettled hands the leading batches that are wholly settled to the
-// position writer, in order.
-func (s *stream) storeSettled() error {
-	for len(s.open) > 0 {
-		b := s.open[0]
-		s.skipInvalid(b)
-		if b.settled < len(b.rows) {
-			break
+// settleConfirms settles the confirms that have come, oldest publish first.
+func (s *stream) settleConfirms() {
+	for len(s.inflight) > 0 {
+		e := s.inflight[0]
+		select {
+		case <-e.confirm.Done():
+		default:
+			return
 		}
-		s.writer.submit(settledRows{rows: b.rows, started: b.started})
-		s.open = s.open[1:]
+		if !e.confirm.Acked() && s.ch.IsClosed() {
+			// Confirms still pending when the channel closes are nacked by
+			// the client: the broker did not refuse them (see closed).
+			return
+		}
+		s.inflight = s.inflight[1:]
+		// A return for a mandatory message is dispatched before its confirm,
+		// so it is queued by now if there is one.
+		s.drainReturns()
+		switch reason, returned := s.returned[e.msg.UUID]; {
+		case !e.confirm.Acked():
+			s.refuse(e, RefusedNack, "nacked by the broker")
+		case returned:
+			delete(s.returned, e.msg.UUID)
+			s.refuse(e, RefusedReturn, "returned by the broker: "+reason)
+		default:
+			e.state = confirmed
+			s.limit = min(s.limit+1, s.r.config.InFlight)
+			s.r.forget(e.pos)
+			s.next(e)
+		}
+	}
+}
+
+// next removes the settled head e from its aggregate's queue and makes the
+// next one ready.
+func (s *stream) next(e *entry) {
+	q := s.queues[e.key][1:]
+	if len(q) == 0 {
+		delete(s.queues, e.key)
+		return
+	}
+	s.queues[e.key] = q
+	if !q[0].marker {
+		heap.Push(&s.ready, q[0])
+	}
+}
+
+// refuse schedules a refused publish to be published again, before the
+// rest of its aggregate, and halves the in-flight limit.
+func (s *stream) refuse(e *entry, kind, why string) {
+	s.r.config.Metrics.Refused(kind)
+	e.state = waiting
+	e.refusals++
+	backoff := s.r.config.RefusalBackoff << min(e.refusals-1, 20)
+	e.retryAt = time.Now().Add(min(backoff, s.r.config.MaxRefusalBackoff))
+	heap.Push(&s.retrying, e)
+	s.limit = max(1, s.limit/2)
+	if s.throttle.IsZero() {
+		s.throttle = time.Now()
+	}
+	s.refusals++
+	if time.Since(s.warned) >= refusalWarnInterval {
+		s.r.logger.Warn("broker refusing publishes; retrying them in order",
+			"refusals", s.refusals, "last_event_id", e.msg.UUID, "topic", e.topic, "reason", why,
+			"in_flight_limit", s.limit)
+		s.warned, s.refusals = time.Now(), 0
+	}
+}
+
+// refusalWarnInterval spaces the warnings about refused publishes.
+const refusalWarnInterval = 10 * time.Second
+
+// armTimer sets the timer to the next retry time or confirm deadline.
+func (s *stream) armTimer() {
+	var at time.Time
+	if s.retrying.Len() > 0 {
+		at = s.retrying[0].retryAt
+	}
+	if len(s.inflight) > 0 {
+		if d := s.inflight[0].sentAt.Add(s.r.config.ConfirmTimeout); at.IsZero() || d.Before(at) {
+			at = d
+		}
+	}
+	for _, m := range s.markers {
+		if !m.retryAt.IsZero() && (at.IsZero() || m.retryAt.Before(at)) {
+			at = m.retryAt
+		}
+	}
+	if at.Equal(s.timerAt) {
+		return
+	}
+	if !s.timer.Stop() {
+		select {
+		case <-s.timer.C:
+		default:
+		}
+	}
+	s.timerAt = at
+	if !at.IsZero() {
+		s.timer.Reset(max(time.Until(at), 0))
+	}
+}
+
+// timeUp makes the refused rows whose retry time has come ready again, and
+// fails the stream when the oldest confirm is overdue.
+func (s *stream) timeUp() error {
+	now := time.Now()
+	for s.retrying.Len() > 0 && !s.retrying[0].retryAt.After(now) {
+		heap.Push(&s.ready, heap.Pop(&s.retrying))
+	}
+	if s.retrying.Len() == 0 && !s.throttle.IsZero() {
+		s.r.config.Metrics.Throttled(now.Sub(s.throttle))
+		s.throttle = time.Time{}
+	}
+	if len(s.inflight) > 0 && now.Sub(s.inflight[0].sentAt) >= s.r.config.ConfirmTimeout {
+		return s.fail(fmt.Errorf("wait for broker confirm of event %s: none after %s", s.inflight[0].msg.UUID, s.r.config.ConfirmTimeout))
+	}
+	return nil
+}
+
+// advance hands the settled rows at the front of the window to the position
+// writer.
+func (s *stream) advance() error {
+	n := 0
+	for n < len(s.window) && s.window[n].settled() {
+		n++
+	}
+	if n > 0 {
+		rows := make([]row, n)
+		started := time.Now()
+		for i, e := range s.window[:n] {
+			rows[i] = e.row
+			if !e.sentAt.IsZero() && e.sentAt.Before(started) {
+				started = e.sentAt
+			}
+		}
+		s.window = s.window[n:]
+		s.writer.submit(settledRows{rows: rows, started: started})
 	}
 	select {
 	case err := <-s.writer.errc:
@@ -186,21 +420,48 @@ func (s *stream) storeSettled() error {
 	}
 }
 
+// oldestDone returns a channel closed when the oldest outstanding confirm
+// has come, or nil (never ready) when none is outstanding.
+func (s *stream) oldestDone() <-chan struct{} {
+	if len(s.inflight) == 0 {
+		return nil
+	}
+	return s.inflight[0].confirm.Done()
+}
+
+// flush waits for every outstanding confirm and hands the settled rows to
+// the position writer. Refused rows are not published again.
+func (s *stream) flush(ctx context.Context) error {
+	for len(s.inflight) > 0 {
+		e := s.inflight[0]
+		if _, err := s.r.waitConfirm(ctx, e.confirm); err != nil {
+			return s.fail(err)
+		}
+		s.settleConfirms()
+	}
+	return s.advance()
+}
+
+// closed ends the stream on the close of its channel (or connection). A
+// close the broker makes for a message it cannot take (a frame or message
+// too large, a malformed frame) counts as an attempt of the oldest publish
+// awaiting its confirm: the broker handles a channel's publishes in order.
+func (s *stream) closed(err *amqp.Error) error {
+	s.settleConfirms()
+	if err != nil && len(s.inflight) > 0 && closedOnMessage(err) {
+		s.r.suspect(s.inflight[0].row, err)
+	}
+	return s.fail(fmt.Errorf("broker channel closed: %v", err))
+}
+
 // fail hands the rows settled before the failure to the position writer
-// and returns cause. With nothing published and unsettled it is not a
-// failed publish and only returns cause.
+// and returns cause.
 func (s *stream) fail(cause error) error {
-	if len(s.open) == 0 {
-		return cause
+	if len(s.inflight) > 0 {
+		s.r.config.Metrics.PublishFailed(cause)
 	}
-	s.r.config.Metrics.PublishFailed(cause)
-	b := s.open[0]
-	s.skipInvalid(b)
-	if b.settled > 0 {
-		s.writer.submit(settledRows{rows: b.rows[:b.settled], started: b.started})
-	}
-	s.open = nil
-	return cause
+	s.inflight = nil
+	return errors.Join(cause, s.advance())
 }
 
 // drainReturns moves the returns queued so far into s.returned. When the
@@ -220,7 +481,36 @@ func (s *stream) drainReturns() {
 	}
 }
 
-// settledRows are consecutive rows, all confirmed by the broker or invalid.
+// byOrder is a heap of entries, the first read first.
+type byOrder []*entry
+
+func (h byOrder) Len() int           { return len(h) }
+func (h byOrder) Less(i, j int) bool { return h[i].seq < h[j].seq }
+func (h byOrder) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].index = i; h[j].index = j }
+func (h *byOrder) Push(x any)        { e := x.(*entry); e.index = len(*h); *h = append(*h, e) }
+func (h *byOrder) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+// byRetry is a heap of entries, the earliest retry time first.
+type byRetry []*entry
+
+func (h byRetry) Len() int           { return len(h) }
+func (h byRetry) Less(i, j int) bool { return h[i].retryAt.Before(h[j].retryAt) }
+func (h byRetry) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].index = i; h[j].index = j }
+func (h *byRetry) Push(x any)        { e := x.(*entry); e.index = len(*h); *h = append(*h, e) }
+func (h *byRetry) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+// settledRows are consecutive rows, all confirmed by the broker or set
+// aside.
 type settledRows struct {
 	rows    []row
 	started time.Time // when the first of them was published
@@ -230,18 +520,23 @@ type settledRows struct {
 // publishing path: each update moves the position past every row settled
 // since the previous one (coalescing the batches that settled meanwhile),
 // with a compare-and-set on the position it stored before, and sets aside
-// the invalid rows among them in the same transaction. Updates are at least
-// Config.PositionInterval apart; on close, what is pending is stored at once.
+// the rows to set aside among them in the same transaction. Updates are at
+// least Config.PositionInterval apart; on close, what is pending is stored
+// at once.
 type positionWriter struct {
-	r     *Outboxmill
-	pos   position
-	queue chan settledRows
-	errc  chan error // the first storing error; after it nothing is stored
-	done  chan struct{}
+	r         *Outboxmill
+	lease     *lease
+	pos       position
+	queue     chan settledRows
+	errc      chan error    // the first storing error; after it nothing is stored
+	stored    chan struct{} // signalled after each stored update
+	storedSeq atomic.Uint64 // seq of the last row stored
+	done      chan struct{}
 }
 
-func startPositionWriter(r *Outboxmill, pos position) *positionWriter {
-	w := &positionWriter{r: r, pos: pos, queue: make(chan settledRows, 64), errc: make(chan error, 1), done: make(chan struct{})}
+func startPositionWriter(r *Outboxmill, l *lease, pos position) *positionWriter {
+	w := &positionWriter{r: r, lease: l, pos: pos, queue: make(chan settledRows, 64), errc: make(chan error, 1),
+		stored: make(chan struct{}, 1), done: make(chan struct{})}
 	go w.run()
 	return w
 }
@@ -297,15 +592,17 @@ func (w *positionWriter) run() {
 }
 
 // store moves the position past every row of pending, setting aside the
-// invalid ones, in one transaction.
+// rows to set aside, in one transaction.
 func (w *positionWriter) store(pending []settledRows) error {
-	var invalid []row
-	n := 0
+	var aside []row
+	n, published := 0, 0
 	for _, p := range pending {
 		n += len(p.rows)
 		for _, x := range p.rows {
-			if x.invalid != "" {
-				invalid = append(invalid, x)
+			if x.aside != nil {
+				aside = append(aside, x)
+			} else {
+				published++
 			}
 		}
 	}
@@ -313,12 +610,19 @@ func (w *positionWriter) store(pending []settledRows) error {
 	next := last[len(last)-1].pos
 	ctx, cancel := context.WithTimeout(context.Background(), w.r.config.ConfirmTimeout)
 	defer cancel()
-	if err := w.r.storePosition(ctx, w.pos, next, invalid); err != nil {
+	if err := w.r.storePosition(ctx, w.lease, w.pos, next, aside); err != nil {
 		return err
 	}
 	w.r.logger.Debug("relay position stored", "rows", n, "from_tx", w.pos.txID, "from_offset", w.pos.offset,
 		"to_tx", next.txID, "to_offset", next.offset)
 	w.pos = next
-	w.r.config.Metrics.Published(n, time.Since(pending[0].started))
+	w.storedSeq.Store(last[len(last)-1].seq)
+	select {
+	case w.stored <- struct{}{}:
+	default:
+	}
+	if published > 0 {
+		w.r.config.Metrics.Published(published, time.Since(pending[0].started))
+	}
 	return nil
 }

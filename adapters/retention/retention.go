@@ -1,7 +1,8 @@
 // Package retention keeps the outbox and the dedup markers from growing
 // without bound: it purges forwarded outbox rows older than a retention
 // period and processed_events markers older than a dedup window, in bounded
-// batches, one instance at a time.
+// batches, one instance at a time; and the rows of a module's own tables
+// that its Rules make eligible (expired idempotency keys, say).
 //
 // Two rules make purging safe. An outbox row is purged only when every relay
 // consumer group has passed it (at or before the lowest position in the
@@ -18,6 +19,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -132,8 +134,34 @@ type Purger struct {
 	count, held, batch string
 }
 
+// ErrOutboxAhead is returned by an outbox purge when a relay position or an
+// outbox row is ahead of the database's transaction ids (the database was
+// restored from a dump or moved to another server): rows written since sort
+// before that position and would look forwarded, so nothing is purged until
+// outboxctl relay rebase has run.
+var ErrOutboxAhead = errors.New("outbox ahead of the database's transaction ids (restored or moved database): not purging until outboxctl relay rebase")
+
+// checkNotAhead returns ErrOutboxAhead when a position in box's offsets
+// table or the outbox's last row has a transaction id the server has not
+// assigned yet.
+func checkNotAhead(ctx context.Context, conn *sqlx.Conn, box outbox.Config) error {
+	var ahead bool
+	if err := conn.QueryRowxContext(ctx, `
+		SELECT EXISTS (SELECT 1 FROM `+box.OffsetsTable()+`
+		               WHERE last_processed_transaction_id >= pg_snapshot_xmax(pg_current_snapshot()))
+		    OR coalesce((SELECT transaction_id >= pg_snapshot_xmax(pg_current_snapshot()) FROM `+box.Table()+`
+		                 ORDER BY transaction_id DESC LIMIT 1), false)`).Scan(&ahead); err != nil {
+		return fmt.Errorf("check outbox %s against the database's transaction ids: %w", box.Topic, err)
+	}
+	if ahead {
+		return fmt.Errorf("outbox %s: %w", box.Topic, ErrOutboxAhead)
+	}
+	return nil
+}
+
 // NewOutboxPurger returns a purger of the forwarded rows of the outbox
-// described by box.
+// described by box. It purges nothing while the outbox is ahead of the
+// database's transaction ids (ErrOutboxAhead).
 func NewOutboxPurger(db *sqlx.DB, box outbox.Config, config Config) (*Purger, error) {
 	config.setDefaults()
 	if err := errors.Join(config.Validate(), box.Validate()); err != nil {
@@ -148,6 +176,9 @@ func NewOutboxPurger(db *sqlx.DB, box outbox.Config, config Config) (*Purger, er
 		prepare: func(ctx context.Context, conn *sqlx.Conn) ([]any, error) {
 			positions, err := outbox.Positions(ctx, conn, box)
 			if err != nil {
+				return nil, err
+			}
+			if err := checkNotAhead(ctx, conn, box); err != nil {
 				return nil, err
 			}
 			var lowest outbox.Position // no group: nothing is forwarded
@@ -222,6 +253,63 @@ func NewVersionPurger(db *sqlx.DB, config Config) (*Purger, error) {
 				ORDER BY v.applied_at LIMIT $2)
 			DELETE FROM aggregate_versions t USING doomed
 			WHERE t.handler = doomed.handler AND t.aggregate_type = doomed.aggregate_type AND t.aggregate_id = doomed.aggregate_id`,
+	}, nil
+}
+
+// Rule is a module's own retention rule: the rows of one of its tables
+// whose timestamp column is older than Keep are purged in batches, one
+// instance at a time, like the framework's tables. A module contributes
+// rules through module.Module.Retention; the process runs each on the
+// retention interval, and outboxctl purge runs them too.
+type Rule struct {
+	// Table is the table, a lower-case identifier, optionally
+	// schema-qualified ("order_idempotency_keys"). Required.
+	Table string
+	// Column is the table's timestamptz column that ages a row
+	// ("created_at"); an index on it keeps each batch cheap. Required.
+	Column string
+	// Keep is how long a row is kept after its Column's time; must be
+	// positive.
+	Keep time.Duration
+}
+
+var identifier = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}(\.[a-z_][a-z0-9_]{0,62})?$`)
+
+// Validate checks the rule.
+func (r Rule) Validate() error {
+	var errs []error
+	if !identifier.MatchString(r.Table) {
+		errs = append(errs, fmt.Errorf("retention rule: table %q is not a lower-case identifier", r.Table))
+	}
+	if !identifier.MatchString(r.Column) || strings.Contains(r.Column, ".") {
+		errs = append(errs, fmt.Errorf("retention rule of %s: column %q is not a lower-case identifier", r.Table, r.Column))
+	}
+	if r.Keep <= 0 {
+		errs = append(errs, fmt.Errorf("retention rule of %s: keep %s must be positive", r.Table, r.Keep))
+	}
+	return errors.Join(errs...)
+}
+
+// NewRulePurger returns a purger of the rows rule makes eligible, in
+// batches of config.BatchSize, oldest first. Nothing is held back.
+func NewRulePurger(db *sqlx.DB, rule Rule, config Config) (*Purger, error) {
+	config.setDefaults()
+	if err := errors.Join(config.Validate(), rule.Validate()); err != nil {
+		return nil, err
+	}
+	old := rule.Column + ` < now() - $1::bigint * interval '1 microsecond'`
+	return &Purger{
+		db: db, config: config, table: rule.Table, olderThan: rule.Keep,
+		prepare: func(context.Context, *sqlx.Conn) ([]any, error) {
+			return []any{rule.Keep.Microseconds()}, nil
+		},
+		count: `SELECT count(*) FROM ` + rule.Table + ` WHERE ` + old,
+		held:  `SELECT 0 * $1::bigint`,
+		// The rows are picked by ctid in the statement that deletes them;
+		// the condition is checked again on each.
+		batch: `DELETE FROM ` + rule.Table + ` WHERE ctid = ANY(ARRAY(
+				SELECT ctid FROM ` + rule.Table + ` WHERE ` + old + ` ORDER BY ` + rule.Column + ` LIMIT $2))
+			AND ` + old,
 	}, nil
 }
 

@@ -2,6 +2,7 @@ package retention
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -75,6 +76,29 @@ func TestPurger_PurgeOutbox(t *testing.T) {
 		want := slices.Concat(ids[3:4], ids[6:])
 		if got := remaining(t, db); !slices.Equal(got, want) {
 			t.Fatalf("rows left %v, want the recent one and the unforwarded ones %v", got, want)
+		}
+	})
+	t.Run("a position ahead of the transaction ids purges nothing", func(t *testing.T) {
+		t.Parallel()
+		// As after a restore into another cluster: the stored position's
+		// transaction id is one the server has not assigned yet, and every
+		// row written since sorts before it.
+		db := testdb.NewServices(t)
+		ids := testdb.IDs(db.WriteEvents(t, 3))
+		db.Backdate(t, 30*24*time.Hour, ids...)
+		if _, err := db.Exec(`INSERT INTO ` + testdb.Outbox.OffsetsTable() + ` (consumer_group, offset_acked, last_processed_transaction_id)
+			VALUES ('relay', 0, '1099511627776')`); err != nil {
+			t.Fatal(err)
+		}
+		p, err := NewOutboxPurger(db.DB, testdb.Outbox, Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Purge(context.Background(), false); !errors.Is(err, ErrOutboxAhead) {
+			t.Fatalf("purge: %v, want ErrOutboxAhead", err)
+		}
+		if got := remaining(t, db); len(got) != 3 {
+			t.Fatalf("%d rows left, want 3", len(got))
 		}
 	})
 	t.Run("no relay position purges nothing", func(t *testing.T) {

@@ -22,7 +22,9 @@ type PlaceOrder struct {
 	Amount     int64
 	Currency   string
 	// IdempotencyKey, when not empty, makes a retried request return the order
-	// the first request created instead of creating another.
+	// the first request created instead of creating another, within the
+	// key's window (the repository's); a retry after the window is a new
+	// request: it creates a new order, which takes the key over.
 	IdempotencyKey string
 }
 

@@ -23,7 +23,8 @@ type IdempotencyKey struct {
 type OrderRepository interface {
 	// Add stores a new order and its events. When key is not nil it is stored
 	// with the order in the same transaction; if another order already holds
-	// key.Key, Add stores nothing and returns ErrIdempotencyKeyTaken.
+	// key.Key within the key's window, Add stores nothing and returns
+	// ErrIdempotencyKeyTaken. A key past its window is replaced.
 	Add(ctx context.Context, order *orders.Order, events []domain.Event, key *IdempotencyKey) error
 
 	// Update loads the order, lets change apply a behaviour to it, then saves
@@ -36,7 +37,8 @@ type OrderRepository interface {
 	Get(ctx context.Context, id string) (*orders.Order, error)
 
 	// FindByIdempotencyKey returns the id of the order stored with key and the
-	// hash of the request it came with, or app.ErrNotFound.
+	// hash of the request it came with, or app.ErrNotFound, also for a key
+	// stored longer ago than the key window (it is no longer honoured).
 	FindByIdempotencyKey(ctx context.Context, key string) (orderID, requestHash string, err error)
 }
 

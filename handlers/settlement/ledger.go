@@ -6,6 +6,7 @@ package settlement
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -25,9 +26,22 @@ const HandlerName = "settlement.ledger"
 const Lanes = 8
 
 // Handler is the ledger handler. It only writes, so a lane's batch of events
-// takes the one-round-trip path; the version guard (on by default) applies
-// each order's events in order, which is what makes a settlement pending
-// when its OrderPaid or OrderCancelled comes.
+// takes the one-round-trip path; the version guard (strict, the default)
+// applies each order's events in order, which is what makes a settlement
+// pending when its OrderPaid or OrderCancelled comes.
+//
+// Whatever arrives on the exchange, an order is settled once and only if
+// its settlement was opened. A copy of an event already applied is a
+// duplicate (dedup marker). An event with a new id whose version the guard
+// applied before (a forged or replayed OrderPaid of version 2 of a settled
+// order) is skipped as a duplicate too: it can have no effect, the guard
+// does not keep which event applied a version, and reconcile reports its
+// marker as an event no outbox committed. Any other event that would
+// settle or void a settlement that is not pending, or was never opened, is
+// refused by the ledger (settlementstore.ErrRefused: its checks and the
+// database's constraints) and set aside at once with the reason, never
+// applied; an event whose predecessor never comes (version 2 of an order
+// never placed) is held back, then stays set aside (the guard's gap).
 func Handler() consumer.Handler {
 	return consumer.Handler{
 		Name:  HandlerName,
@@ -56,9 +70,18 @@ func paid(ctx context.Context, tx postgres.Tx, ev consumer.Event[orders.OrderPai
 		return nil, middleware.Permanent(err)
 	}
 	if err := settlementstore.Settle(ctx, tx, s, entries, ev.ID, ev.OccurredAt); err != nil {
-		return nil, err
+		return nil, permanentIfRefused(fmt.Errorf("OrderPaid %s: %w", ev.ID, err))
 	}
 	return events, nil
+}
+
+// permanentIfRefused makes an error the ledger's invariants raised
+// Permanent: the event is set aside at once, with the reason.
+func permanentIfRefused(err error) error {
+	if errors.Is(err, settlementstore.ErrRefused) {
+		return middleware.Permanent(err)
+	}
+	return err
 }
 
 func cancelled(ctx context.Context, tx postgres.Tx, ev consumer.Event[orders.OrderCancelledPayload]) ([]domain.Event, error) {
@@ -70,7 +93,10 @@ func cancelled(ctx context.Context, tx postgres.Tx, ev consumer.Event[orders.Ord
 	if err := s.Void(); err != nil {
 		return nil, middleware.Permanent(err)
 	}
-	return nil, settlementstore.Void(ctx, tx, s)
+	if err := settlementstore.Void(ctx, tx, s); err != nil {
+		return nil, permanentIfRefused(fmt.Errorf("OrderCancelled %s: %w", ev.ID, err))
+	}
+	return nil, nil
 }
 
 // pending is the settlement OrderPlaced opened, rebuilt from a later

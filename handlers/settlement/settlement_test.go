@@ -3,15 +3,19 @@ package settlement
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/outboxmill/outboxmill/adapters/pgbatch"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
 	settlementstore "github.com/outboxmill/outboxmill/adapters/settlement"
 	"github.com/outboxmill/outboxmill/consumer"
 	"github.com/outboxmill/outboxmill/domain"
@@ -128,11 +132,67 @@ func TestLedgerHandler(t *testing.T) {
 		_, err := inTx(t, db.DB, func(tx *sqlx.Tx) ([]domain.Event, error) {
 			return paid(ctx, tx, event(id, 2, orders.OrderPaidPayload{OrderID: id, CustomerID: "c", Amount: 100, Currency: "EUR"}))
 		})
-		if err == nil {
-			t.Fatal("settled an order that was never placed")
+		if !middleware.IsPermanent(err) || !errors.Is(err, settlementstore.ErrNotOpened) {
+			t.Fatalf("settling an order that was never placed: %v, want a permanent ErrNotOpened", err)
 		}
 		if n := db.Count(t, `SELECT count(*) FROM settlement_entries WHERE order_id = $1`, id); n != 0 {
 			t.Errorf("%d entries appended", n)
+		}
+	})
+
+	t.Run("a second OrderPaid of a settled order is refused at once and appends nothing", func(t *testing.T) {
+		t.Parallel()
+		id := domain.NewEventID()
+		open(id, 1000)
+		pay := orders.OrderPaidPayload{OrderID: id, CustomerID: "c", Amount: 1000, Currency: "EUR"}
+		first := event(id, 2, pay)
+		if _, err := inTx(t, db.DB, func(tx *sqlx.Tx) ([]domain.Event, error) { return paid(ctx, tx, first) }); err != nil {
+			t.Fatal(err)
+		}
+		for _, forged := range []consumer.Event[orders.OrderPaidPayload]{event(id, 3, pay), event(id, 2, pay)} {
+			_, err := inTx(t, db.DB, func(tx *sqlx.Tx) ([]domain.Event, error) { return paid(ctx, tx, forged) })
+			if !middleware.IsPermanent(err) || !errors.Is(err, settlementstore.ErrRefused) || !errors.Is(err, settlementstore.ErrNotPending) ||
+				!strings.Contains(err.Error(), "it is settled by event "+first.ID) || !strings.Contains(err.Error(), forged.ID) {
+				t.Fatalf("second OrderPaid: %v, want a permanent refusal naming both events", err)
+			}
+			// The void of a settled order is refused the same way.
+			_, err = inTx(t, db.DB, func(tx *sqlx.Tx) ([]domain.Event, error) {
+				return cancelled(ctx, tx, event(id, 3, orders.OrderCancelledPayload{OrderID: id, CustomerID: "c", Amount: 1000, Currency: "EUR"}))
+			})
+			if !middleware.IsPermanent(err) || !errors.Is(err, settlementstore.ErrNotPending) {
+				t.Fatalf("OrderCancelled of a settled order: %v, want a permanent refusal", err)
+			}
+		}
+		if n := db.Count(t, `SELECT count(*) FROM settlement_entries WHERE order_id = $1`, id); n != 2 {
+			t.Errorf("%d entries, want the first settlement's 2", n)
+		}
+	})
+
+	t.Run("a refused OrderPaid fails a one-round-trip transaction whole", func(t *testing.T) {
+		t.Parallel()
+		settled, never := domain.NewEventID(), domain.NewEventID()
+		open(settled, 1000)
+		pay := func(id string) consumer.Event[orders.OrderPaidPayload] {
+			return event(id, 2, orders.OrderPaidPayload{OrderID: id, CustomerID: "c", Amount: 1000, Currency: "EUR"})
+		}
+		if _, err := inTx(t, db.DB, func(tx *sqlx.Tx) ([]domain.Event, error) { return paid(ctx, tx, pay(settled)) }); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range []string{settled, never} {
+			var b pgbatch.Tx
+			b.Exec("marker", `INSERT INTO processed_events (event_id, handler) VALUES ($1, 'test')`, "marker-"+id)
+			if _, err := paid(ctx, postgres.Deferred(&b), pay(id)); err != nil {
+				t.Fatalf("queueing OrderPaid of %s: %v", id, err)
+			}
+			if err := b.Commit(ctx, db.DB); err == nil {
+				t.Fatalf("the one-round-trip transaction settling %s again committed", id)
+			}
+			if n := db.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = $1`, "marker-"+id); n != 0 {
+				t.Fatalf("the failed transaction of %s left its marker", id)
+			}
+		}
+		if n := db.Count(t, `SELECT count(*) FROM settlement_entries WHERE order_id = ANY($1)`, []string{settled, never}); n != 2 {
+			t.Errorf("%d entries, want the first settlement's 2", n)
 		}
 	})
 

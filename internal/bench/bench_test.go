@@ -120,8 +120,8 @@ func TestRun(t *testing.T) {
 			t.Errorf("integrity of %d variants, want 2 (naive, relay/watermill): %+v", len(report.Integrity), report.Integrity)
 		}
 		for _, in := range report.Integrity {
-			if in.Committed == 0 || in.Handled != in.Committed {
-				t.Errorf("%s: committed %d, handled %d", in.Variant, in.Committed, in.Handled)
+			if in.Committed == 0 || in.Handled != in.Committed || in.Processed != in.Committed {
+				t.Errorf("%s: committed %d, handled %d, processed %d", in.Variant, in.Committed, in.Handled, in.Processed)
 			}
 		}
 

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -66,7 +67,7 @@ func settleHandler() consumer.Handler {
 				}
 				postings[i] = settlementstore.Posting{OrderID: p.OrderID, EventID: ev.ID, Currency: p.Currency, OccurredAt: ev.OccurredAt, Entries: entries}
 			}
-			return nil, settlementstore.Append(ctx, tx, postings...)
+			return nil, settlementstore.Book(ctx, tx, postings...)
 		})},
 	}
 }
@@ -188,35 +189,81 @@ func (c *consumerRun) close() error {
 	return errors.Join(err, c.c.Close())
 }
 
-// checkIntegrity compares what tr says was committed with the settlement
-// entries in db: every committed event must have exactly one settlement
-// (two entries), and no entry may belong to an event never committed.
-func checkIntegrity(ctx context.Context, db *sqlx.DB, variant string, tr *tracker) (Integrity, error) {
-	rows, err := db.QueryContext(ctx, `SELECT event_id, count(*) FROM settlement_entries GROUP BY event_id`)
-	if err != nil {
-		return Integrity{}, fmt.Errorf("read settlement entries: %w", err)
+// integrityGrace is how long checkIntegrity waits for the consumer to
+// report a processed_events row it read: the consumer reports an event
+// handled just after its transaction committed.
+const integrityGrace = 5 * time.Second
+
+// exampleLimit bounds the event ids an Integrity lists per kind of problem,
+// and the set-aside reasons per side.
+const exampleLimit = 5
+
+// checkIntegrity compares what tr says was committed and handled with the
+// consumer's tables in settleDB and the producers' in ordersDB (nil where
+// no relay ran): every committed event must have exactly one settlement
+// (two entries), no entry may belong to an event never committed, and the
+// benchmark handler's processed_events rows must be the events the
+// consumer's callbacks reported handled. A row the callbacks have not
+// reported yet is waited for up to grace. It also reads the rows set aside
+// by the consumer (set_aside_messages) and by the relay (outbox_set_aside).
+func checkIntegrity(ctx context.Context, settleDB, ordersDB *sqlx.DB, variant string, tr *tracker, grace time.Duration) (Integrity, error) {
+	in := Integrity{Variant: variant}
+	var err error
+	if in.ConsumerSetAside, in.ConsumerSetAsideReasons, err = readSetAside(ctx, settleDB,
+		`SELECT count(*) OVER (), message_id, reason FROM set_aside_messages ORDER BY id LIMIT $1`); err != nil {
+		return Integrity{}, fmt.Errorf("read the consumer's set-aside messages: %w", err)
 	}
-	defer rows.Close()
+	if ordersDB != nil {
+		if in.RelaySetAside, in.RelaySetAsideReasons, err = readSetAside(ctx, ordersDB,
+			`SELECT count(*) OVER (), message_id, reason FROM outbox_set_aside ORDER BY id LIMIT $1`); err != nil {
+			return Integrity{}, fmt.Errorf("read the relay's set-aside rows: %w", err)
+		}
+	}
 	entries := map[string]int{}
-	for rows.Next() {
+	if err := queryEach(ctx, settleDB, `SELECT event_id, count(*) FROM settlement_entries GROUP BY event_id`, nil, func(rows *sql.Rows) error {
 		var id string
 		var n int
 		if err := rows.Scan(&id, &n); err != nil {
-			return Integrity{}, err
+			return err
 		}
 		entries[id] = n
+		return nil
+	}); err != nil {
+		return Integrity{}, fmt.Errorf("read settlement entries: %w", err)
 	}
-	if err := rows.Err(); err != nil {
-		return Integrity{}, err
+	marked := map[string]bool{}
+	if err := queryEach(ctx, settleDB, `SELECT event_id FROM processed_events WHERE handler = $1`, []any{settleHandlerName}, func(rows *sql.Rows) error {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		marked[id] = true
+		return nil
+	}); err != nil {
+		return Integrity{}, fmt.Errorf("read processed events: %w", err)
 	}
+	in.Processed = len(marked)
 	// One settlement appends a platform fee and a merchant credit.
 	perEvent := len(mustEntries())
 
+	// The callbacks come just after each commit: a row read above may not
+	// be reported yet.
+	unreported := tr.unreported(marked)
+	deadline := time.Now().Add(grace)
+	for len(unreported) > 0 && time.Now().Before(deadline) {
+		if err := sleep(ctx, 10*time.Millisecond); err != nil {
+			return Integrity{}, err
+		}
+		unreported = tr.unreported(marked)
+	}
+
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	in := Integrity{Variant: variant, Committed: len(tr.committed), Handled: len(tr.handled), Redelivered: tr.redelivered}
+	in.Committed, in.Handled, in.Redelivered = len(tr.committed), len(tr.handled), tr.redelivered
+	shown := map[string]int{}
 	example := func(kind, id string) {
-		if len(in.Examples) < 5 {
+		if shown[kind] < exampleLimit {
+			shown[kind]++
 			in.Examples = append(in.Examples, kind+" "+id)
 		}
 	}
@@ -236,7 +283,80 @@ func checkIntegrity(ctx context.Context, db *sqlx.DB, variant string, tr *tracke
 			example("ghost", id)
 		}
 	}
+	for id := range tr.handled {
+		if !marked[id] {
+			in.Unmarked++
+			example(exampleUnmarked, id)
+		}
+	}
+	for _, id := range unreported {
+		if _, ok := tr.handled[id]; !ok {
+			in.Unreported++
+			example(exampleUnreported, id)
+		}
+	}
 	return in, nil
+}
+
+// Kinds of the examples of a disagreement between the consumer's callbacks
+// and its processed_events rows.
+const (
+	exampleUnmarked   = "handled without a processed_events row"
+	exampleUnreported = "in processed_events, never reported handled"
+)
+
+// unreported returns the ids of marked that t has not seen handled.
+func (t *tracker) unreported(marked map[string]bool) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for id := range marked {
+		if _, ok := t.handled[id]; !ok {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// readSetAside runs query, which selects the total count (a window count),
+// a message id and a reason of at most exampleLimit rows ($1), and returns
+// the count and the rows as "id: reason".
+func readSetAside(ctx context.Context, db *sqlx.DB, query string) (int, []string, error) {
+	total := 0
+	var reasons []string
+	err := queryEach(ctx, db, query, []any{exampleLimit}, func(rows *sql.Rows) error {
+		var id, reason string
+		if err := rows.Scan(&total, &id, &reason); err != nil {
+			return err
+		}
+		reasons = append(reasons, id+": "+shorten(reason, 200))
+		return nil
+	})
+	return total, reasons, err
+}
+
+// queryEach runs query with args on db and calls scan for each row.
+func queryEach(ctx context.Context, db *sqlx.DB, query string, args []any, scan func(*sql.Rows) error) error {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := scan(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// shorten cuts s to at most n runes, marking the cut.
+func shorten(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n]) + "..."
 }
 
 // mustEntries returns the ledger entries of one bench order.

@@ -31,7 +31,12 @@
 // latency against offered load.
 //
 // A run never fails because the machine is slow. It fails (Report.OK is
-// false) only when the pipeline loses or doubles an event.
+// false) only when the pipeline loses, doubles or makes up an event, or when
+// the consumer's processed_events rows disagree with the events its
+// callbacks reported handled. The integrity check also reports the rows set
+// aside by the consumer and by the relay. A wait for the consumer that
+// stalls reports the backlog and the oldest transaction holding the
+// server's xmin horizon back.
 //
 // Every run works in its own databases and broker objects, named after the
 // run, and removes them when it ends.

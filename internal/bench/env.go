@@ -60,6 +60,9 @@ type env struct {
 	seq  int
 	work *workspace
 	mu   sync.Mutex
+	// stallEvery is how often a stalled wait for the consumer reports what
+	// holds it back; 0 means stallReportEvery.
+	stallEvery time.Duration
 }
 
 // name returns a new name for an object of the run, usable as a database
@@ -198,7 +201,7 @@ func (w *workspace) reset(ctx context.Context) error {
 	if _, err := w.ordersDB.ExecContext(ctx, `TRUNCATE orders, order_idempotency_keys, outbox_set_aside, `+benchOutbox.Table()); err != nil {
 		return fmt.Errorf("empty the orders tables: %w", err)
 	}
-	if _, err := w.settleDB.ExecContext(ctx, `TRUNCATE settlement_entries, processed_events, set_aside_messages, aggregate_versions`); err != nil {
+	if _, err := w.settleDB.ExecContext(ctx, `TRUNCATE settlement_entries, settlements, processed_events, set_aside_messages, aggregate_versions`); err != nil {
 		return fmt.Errorf("empty the settlement tables: %w", err)
 	}
 	return nil

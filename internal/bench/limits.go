@@ -261,8 +261,14 @@ func (r *runner) settle(ctx context.Context, db *sqlx.DB, names module.Names, sp
 	if err != nil {
 		return 0, err
 	}
-	lost, err := tr.waitHandled(ctx, r.cfg.StallTimeout)
+	backlog := func(context.Context) string {
+		return fmt.Sprintf("backlog: %d published events not handled", tr.inFlight())
+	}
+	lost, stall, err := r.waitHandled(ctx, "settle "+spec.Kind, tr, backlog)
 	elapsed := time.Since(start)
+	if err != nil {
+		err = fmt.Errorf("wait for the consumer to settle %d events: %w (%s)", tr.nCommitted.Load(), err, stall)
+	}
 	if cerr := cons.close(); cerr != nil && err == nil {
 		err = cerr
 	}
@@ -270,14 +276,14 @@ func (r *runner) settle(ctx context.Context, db *sqlx.DB, names module.Names, sp
 		return 0, err
 	}
 	if lost > 0 {
-		return 0, fmt.Errorf("%d events not handled", lost)
+		return 0, fmt.Errorf("%d events not handled after %s without progress: %s", lost, r.cfg.StallTimeout, stall)
 	}
-	in, err := checkIntegrity(ctx, db, spec.Kind, tr)
+	in, err := checkIntegrity(ctx, db, nil, spec.Kind, tr, integrityGrace)
 	if err != nil {
 		return 0, err
 	}
 	if !in.OK() {
-		return 0, fmt.Errorf("lost %d, doubled %d, ghosts %d", in.Lost, in.Doubled, in.Ghosts)
+		return 0, fmt.Errorf("integrity: %s", in)
 	}
 	return elapsed, nil
 }

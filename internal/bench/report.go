@@ -43,7 +43,7 @@ type Report struct {
 	Integrity []Integrity `json:"integrity"`
 	// Notes are remarks on the run: skipped kinds or loads, caveats.
 	Notes []string `json:"notes"`
-	// OK is false when the pipeline lost or doubled an event.
+	// OK is false when an integrity check failed (see Integrity.OK).
 	OK bool `json:"ok"`
 }
 
@@ -176,7 +176,19 @@ type LatencyPoint struct {
 type Integrity struct {
 	Variant   string `json:"variant"`
 	Committed int    `json:"committed"`
-	Handled   int    `json:"handled"`
+	// Handled counts the events the consumer's callbacks reported handled
+	// (after their transaction committed).
+	Handled int `json:"handled"`
+	// Processed counts the benchmark handler's rows in the consumer's
+	// processed_events table: the events whose transaction committed. It
+	// must agree with Handled, event by event.
+	Processed int `json:"processed"`
+	// Unmarked counts events reported handled that have no processed_events
+	// row.
+	Unmarked int `json:"unmarked"`
+	// Unreported counts processed_events rows of events never reported
+	// handled.
+	Unreported int `json:"unreported"`
 	// Lost counts committed events never handled.
 	Lost int `json:"lost"`
 	// Doubled counts events with more than one business effect.
@@ -185,12 +197,49 @@ type Integrity struct {
 	Ghosts int `json:"ghosts"`
 	// Redelivered counts deliveries skipped by dedup (no second effect).
 	Redelivered int `json:"redelivered"`
-	// Examples lists a few event ids that were lost, doubled or ghosts.
+	// ConsumerSetAside counts the rows of the consumer's set_aside_messages
+	// table; ConsumerSetAsideReasons are the first few, as "id: reason".
+	ConsumerSetAside        int      `json:"consumer_set_aside"`
+	ConsumerSetAsideReasons []string `json:"consumer_set_aside_reasons,omitempty"`
+	// RelaySetAside counts the rows of the producers' outbox_set_aside table
+	// (0 where no relay ran); RelaySetAsideReasons are the first few, as
+	// "id: reason".
+	RelaySetAside        int      `json:"relay_set_aside"`
+	RelaySetAsideReasons []string `json:"relay_set_aside_reasons,omitempty"`
+	// Examples lists a few event ids of each problem: lost, doubled, ghost,
+	// or a disagreement between the callbacks and processed_events.
 	Examples []string `json:"examples,omitempty"`
 }
 
-// OK reports whether nothing was lost, doubled or made up.
-func (i Integrity) OK() bool { return i.Lost == 0 && i.Doubled == 0 && i.Ghosts == 0 }
+// OK reports whether nothing was lost, doubled or made up, and whether the
+// consumer's callbacks agree with its processed_events rows.
+func (i Integrity) OK() bool {
+	return i.Lost == 0 && i.Doubled == 0 && i.Ghosts == 0 && i.Unmarked == 0 && i.Unreported == 0
+}
+
+// String renders the counts of i, the rows set aside and, when i is not
+// OK, what is wrong with a few event ids.
+func (i Integrity) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "committed %d, handled %d by the callbacks and %d in processed_events, redelivered %d; set aside %d by the consumer, %d by the relay",
+		i.Committed, i.Handled, i.Processed, i.Redelivered, i.ConsumerSetAside, i.RelaySetAside)
+	if len(i.ConsumerSetAsideReasons) > 0 {
+		fmt.Fprintf(&b, " (consumer: %s)", strings.Join(i.ConsumerSetAsideReasons, "; "))
+	}
+	if len(i.RelaySetAsideReasons) > 0 {
+		fmt.Fprintf(&b, " (relay: %s)", strings.Join(i.RelaySetAsideReasons, "; "))
+	}
+	if i.OK() {
+		b.WriteString(": ok")
+		return b.String()
+	}
+	fmt.Fprintf(&b, ": LOST %d, DOUBLED %d, GHOSTS %d", i.Lost, i.Doubled, i.Ghosts)
+	if i.Unmarked > 0 || i.Unreported > 0 {
+		fmt.Fprintf(&b, ", CALLBACKS AND processed_events DISAGREE: %d handled without a row, %d rows never reported", i.Unmarked, i.Unreported)
+	}
+	fmt.Fprintf(&b, " (%s)", strings.Join(i.Examples, ", "))
+	return b.String()
+}
 
 func newFigure(group, name, variant, unit string, samples []float64) Figure {
 	mn, md := summary(samples)

@@ -28,8 +28,10 @@ type runner struct {
 
 // Run measures everything cfg asks for and returns the report. When the run
 // cannot be carried out (a server unreachable, a database error, ctx ended)
-// it returns the error with a report of what was measured until then. Lost
-// or doubled events are no error: the report's OK is false.
+// it returns the error with a report of what was measured until then. A
+// failed integrity check (lost or doubled events, or a consumer whose
+// processed_events rows disagree with its callbacks) is no error: the
+// report's OK is false.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {

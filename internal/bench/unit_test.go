@@ -3,14 +3,12 @@ package bench
 import (
 	"context"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
-	settlementstore "github.com/outboxmill/outboxmill/adapters/settlement"
-
-	"github.com/outboxmill/outboxmill/adapters/postgres"
-	"github.com/outboxmill/outboxmill/internal/stack"
+	"github.com/outboxmill/outboxmill/internal/testdb"
 )
 
 func TestSummary(t *testing.T) {
@@ -232,61 +230,113 @@ func TestFormatValue(t *testing.T) {
 }
 
 // TestCheckIntegrity shows that the check the whole bench relies on finds
-// lost, doubled and made-up events in a real settlement database.
+// lost, doubled and made-up events in a real settlement database, events on
+// which the consumer's callbacks and its processed_events rows disagree,
+// and the rows set aside on both sides.
 func TestCheckIntegrity(t *testing.T) {
-	servers := stack.EnvFromEnvironment()
+	t.Parallel()
 	ctx := context.Background()
-	name := stack.UniqueName("bench_integrity_")
-	if err := servers.CreateDatabase(ctx, name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := servers.DropDatabase(context.Background(), name); err != nil {
-			t.Errorf("drop %s: %v", name, err)
+	db := testdb.NewServices(t)
+	exec := func(t *testing.T, query string, args ...any) {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, query, args...); err != nil {
+			t.Fatal(err)
 		}
-	})
-	db, err := postgres.Open(ctx, servers.DatabaseURL(name), 2)
-	if err != nil {
-		t.Fatal(err)
 	}
-	t.Cleanup(func() { db.Close() })
-	if err := postgres.Migrate(ctx, db, "settlement", settlementstore.Migrations()); err != nil {
-		t.Fatal(err)
-	}
+	// The check must find what a broken ledger would hold: the ledger's own
+	// constraints, where the schema has them, would refuse the entries
+	// written below.
+	exec(t, `ALTER TABLE settlement_entries
+		DROP CONSTRAINT IF EXISTS settlement_entries_settled,
+		DROP CONSTRAINT IF EXISTS settlement_entries_one_per_kind`)
 	settle := func(t *testing.T, eventID string) {
 		t.Helper()
 		for _, e := range mustEntries() {
-			if _, err := db.ExecContext(ctx, `
+			exec(t, `
 				INSERT INTO settlement_entries (order_id, event_id, kind, amount, currency, occurred_at)
-				VALUES ($1, $2, $3, $4, 'EUR', now())`, "order-"+eventID, eventID, e.Kind, e.Amount); err != nil {
-				t.Fatal(err)
+				VALUES ($1, $2, $3, $4, 'EUR', now())`, "order-"+eventID, eventID, e.Kind, e.Amount)
+		}
+	}
+	mark := func(t *testing.T, eventID, handler string) {
+		t.Helper()
+		exec(t, `INSERT INTO processed_events (event_id, handler) VALUES ($1, $2)`, eventID, handler)
+	}
+
+	t.Run("finds every kind of problem", func(t *testing.T) {
+		tr := newTracker()
+		now := time.Now()
+		for _, id := range []string{"ok", "lost", "doubled", "unmarked", "unreported"} {
+			tr.commit(id, now)
+		}
+		for _, id := range []string{"ok", "doubled", "doubled", "ghost", "unmarked", "unreported"} {
+			settle(t, id)
+		}
+		for _, id := range []string{"ok", "doubled", "unreported"} {
+			mark(t, id, settleHandlerName)
+		}
+		// Another handler's marker is not the benchmark handler's.
+		mark(t, "unmarked", "another.handler")
+		for _, id := range []string{"ok", "doubled", "unmarked"} {
+			tr.handle(id, now)
+		}
+		exec(t, `INSERT INTO set_aside_messages (handler, message_id, topic, payload, reason, attempts)
+			VALUES ($1, 'poison-1', 'events', '\x00', 'undecodable payload', 1)`, settleHandlerName)
+		for _, id := range []string{"row-1", "row-2"} {
+			exec(t, `INSERT INTO outbox_set_aside (outbox, message_id, payload, reason) VALUES ('orders', $1, '\x00', 'not an envelope')`, id)
+		}
+
+		in, err := checkIntegrity(ctx, db.DB, db.DB, "v", tr, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := Integrity{Variant: "v", Committed: 5, Handled: 3, Processed: 3, Unmarked: 1, Unreported: 1,
+			Lost: 1, Doubled: 1, Ghosts: 1, ConsumerSetAside: 1, RelaySetAside: 2}
+		got := in
+		got.Examples, got.ConsumerSetAsideReasons, got.RelaySetAsideReasons = nil, nil, nil
+		if !reflect.DeepEqual(got, want) || in.OK() {
+			t.Errorf("checkIntegrity = %+v;\nwant %+v, not OK", got, want)
+		}
+		examples := strings.Join(in.Examples, ",")
+		for _, w := range []string{"lost lost", "doubled doubled", "ghost ghost",
+			exampleUnmarked + " unmarked", exampleUnreported + " unreported"} {
+			if !strings.Contains(examples, w) {
+				t.Errorf("examples %q miss %q", examples, w)
 			}
 		}
-	}
-
-	tr := newTracker()
-	now := time.Now()
-	for _, id := range []string{"ok", "lost", "doubled"} {
-		tr.commit(id, now)
-	}
-	settle(t, "ok")
-	settle(t, "doubled")
-	settle(t, "doubled")
-	settle(t, "ghost")
-	tr.handle("ok", now)
-	tr.handle("doubled", now)
-
-	in, err := checkIntegrity(ctx, db, "v", tr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if in.Committed != 3 || in.Handled != 2 || in.Lost != 1 || in.Doubled != 1 || in.Ghosts != 1 || in.OK() {
-		t.Errorf("checkIntegrity = %+v; want committed 3, handled 2, lost 1, doubled 1, ghosts 1, not OK", in)
-	}
-	got := strings.Join(in.Examples, ",")
-	for _, w := range []string{"lost lost", "doubled doubled", "ghost ghost"} {
-		if !strings.Contains(got, w) {
-			t.Errorf("examples %q miss %q", got, w)
+		if r := in.ConsumerSetAsideReasons; len(r) != 1 || r[0] != "poison-1: undecodable payload" {
+			t.Errorf("consumer set-aside reasons = %q", r)
 		}
-	}
+		if r := in.RelaySetAsideReasons; len(r) != 2 || r[0] != "row-1: not an envelope" {
+			t.Errorf("relay set-aside reasons = %q", r)
+		}
+		s := in.String()
+		for _, w := range []string{"handled 3 by the callbacks and 3 in processed_events", "set aside 1 by the consumer, 2 by the relay",
+			"poison-1: undecodable payload", "DISAGREE: 1 handled without a row, 1 rows never reported", exampleUnmarked + " unmarked"} {
+			if !strings.Contains(s, w) {
+				t.Errorf("String() = %q, lacks %q", s, w)
+			}
+		}
+	})
+
+	t.Run("agrees when every handled event has its row", func(t *testing.T) {
+		exec(t, `TRUNCATE settlement_entries, processed_events, set_aside_messages, outbox_set_aside`)
+		tr := newTracker()
+		now := time.Now()
+		for _, id := range []string{"a", "b"} {
+			tr.commit(id, now)
+			settle(t, id)
+			mark(t, id, settleHandlerName)
+			tr.handle(id, now)
+		}
+		in, err := checkIntegrity(ctx, db.DB, nil, "v", tr, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !in.OK() || in.Handled != 2 || in.Processed != 2 || in.RelaySetAside != 0 || len(in.Examples) != 0 {
+			t.Errorf("checkIntegrity = %+v, want OK with 2 handled and 2 processed", in)
+		}
+		if s := in.String(); !strings.HasSuffix(s, ": ok") {
+			t.Errorf("String() = %q, want it to end in ok", s)
+		}
+	})
 }

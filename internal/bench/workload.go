@@ -265,10 +265,12 @@ func between(from, to map[string]time.Time, ids []string) []time.Duration {
 
 // waitHandled waits until every committed event was handled, or until no
 // event was handled for stall, or ctx ends. It returns how many committed
-// events are not handled.
-func (t *tracker) waitHandled(ctx context.Context, stall time.Duration) (int64, error) {
+// events are not handled. While no event is handled, slow, when not nil, is
+// called every slowEvery with the events not handled and how long none was.
+func (t *tracker) waitHandled(ctx context.Context, stall, slowEvery time.Duration, slow func(notHandled int64, idle time.Duration)) (int64, error) {
 	last := t.nHandled.Load()
 	lastChange := time.Now()
+	lastSlow := lastChange
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -276,10 +278,14 @@ func (t *tracker) waitHandled(ctx context.Context, stall time.Duration) (int64, 
 		if h >= t.nCommitted.Load() {
 			return 0, nil
 		}
+		now := time.Now()
 		if h != last {
-			last, lastChange = h, time.Now()
-		} else if time.Since(lastChange) > stall {
+			last, lastChange, lastSlow = h, now, now
+		} else if now.Sub(lastChange) > stall {
 			return t.nCommitted.Load() - h, nil
+		} else if slow != nil && slowEvery > 0 && now.Sub(lastSlow) >= slowEvery {
+			lastSlow = now
+			slow(t.nCommitted.Load()-h, now.Sub(lastChange))
 		}
 		select {
 		case <-ctx.Done():

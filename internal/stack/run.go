@@ -76,6 +76,10 @@ type Stack struct {
 	// started by StartOrdersReplica (further monolith processes in
 	// monolith mode).
 	OrdersReplicas []*Process
+
+	// ordersURL, once MoveOrders has set it, is the orders module's
+	// database instead of OrdersDB on Env's server.
+	ordersURL string
 }
 
 // New creates the stack's databases. It starts nothing.
@@ -100,8 +104,23 @@ func New(ctx context.Context, cfg Config) (*Stack, error) {
 	return s, nil
 }
 
-// OrdersDatabaseURL is the orders module's database.
-func (s *Stack) OrdersDatabaseURL() string { return s.Config.Env.DatabaseURL(s.OrdersDB) }
+// OrdersDatabaseURL is the orders module's database: OrdersDB on Env's
+// server, or the database MoveOrders named.
+func (s *Stack) OrdersDatabaseURL() string {
+	if s.ordersURL != "" {
+		return s.ordersURL
+	}
+	return s.Config.Env.DatabaseURL(s.OrdersDB)
+}
+
+// MoveOrders makes the database at url the orders module's from now on, as
+// after a restore into another server: OrdersDatabaseURL returns it, so the
+// orders (or monolith) processes started afterwards use it and the books
+// are read from it. Processes started before keep the database they had,
+// also when restarted (Process.Restart): start a new one with StartOrders.
+// Close still drops OrdersDB on Env's server; the database at url is the
+// caller's to remove.
+func (s *Stack) MoveOrders(url string) { s.ordersURL = url }
 
 // SettlementDatabaseURL is the settlement module's database.
 func (s *Stack) SettlementDatabaseURL() string { return s.Config.Env.DatabaseURL(s.SettleDB) }

@@ -206,6 +206,13 @@ func (p *Process) Stop() error {
 	return p.exitErr()
 }
 
+// Pause sends SIGSTOP: the process is frozen, as a stalled VM would be,
+// with its connections left open, until Resume. Kill still ends it.
+func (p *Process) Pause() { p.signal(syscall.SIGSTOP) }
+
+// Resume sends SIGCONT to a process frozen by Pause.
+func (p *Process) Resume() { p.signal(syscall.SIGCONT) }
+
 // Wait waits for the process to exit.
 func (p *Process) Wait() {
 	p.mu.Lock()

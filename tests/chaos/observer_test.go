@@ -91,28 +91,33 @@ func startObserver(t *testing.T, s *stack.Stack) *observer {
 func (o *observer) consume(msgs <-chan amqp.Delivery) {
 	defer close(o.done)
 	for m := range msgs {
-		at := time.Now()
-		var body struct {
-			EventID          string `json:"event_id"`
-			EventType        string `json:"event_type"`
-			AggregateID      string `json:"aggregate_id"`
-			AggregateVersion int    `json:"aggregate_version"`
-		}
-		o.mu.Lock()
-		if err := json.Unmarshal(m.Body, &body); err != nil || body.EventID == "" || body.AggregateID == "" {
-			o.malformed++
-			o.mu.Unlock()
-			continue
-		}
-		_, dead := m.Headers["x-death"]
-		o.deliveries = append(o.deliveries, delivery{
-			EventID: body.EventID, EventType: body.EventType,
-			AggregateID: body.AggregateID, AggregateVersion: body.AggregateVersion,
-			Redelivered: m.Redelivered, DeadLettered: dead, At: at,
-		})
-		o.copies[body.EventID]++
-		o.mu.Unlock()
+		o.record(m)
 	}
+}
+
+// record records one delivery.
+func (o *observer) record(m amqp.Delivery) {
+	at := time.Now()
+	var body struct {
+		EventID          string `json:"event_id"`
+		EventType        string `json:"event_type"`
+		AggregateID      string `json:"aggregate_id"`
+		AggregateVersion int    `json:"aggregate_version"`
+	}
+	o.mu.Lock()
+	if err := json.Unmarshal(m.Body, &body); err != nil || body.EventID == "" || body.AggregateID == "" {
+		o.malformed++
+		o.mu.Unlock()
+		return
+	}
+	_, dead := m.Headers["x-death"]
+	o.deliveries = append(o.deliveries, delivery{
+		EventID: body.EventID, EventType: body.EventType,
+		AggregateID: body.AggregateID, AggregateVersion: body.AggregateVersion,
+		Redelivered: m.Redelivered, DeadLettered: dead, At: at,
+	})
+	o.copies[body.EventID]++
+	o.mu.Unlock()
 }
 
 // snapshot returns the deliveries so far, in arrival order.
@@ -149,6 +154,14 @@ func (o *observer) malformedCount() int {
 	return o.malformed
 }
 
+// connection is the observer's connection to the broker: a reconnecting
+// observer (startDurableObserver) replaces it after a broker restart.
+func (o *observer) connection() *amqp.Connection {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.conn
+}
+
 func (o *observer) close() {
 	if o.ch != nil {
 		_, _ = o.ch.QueueDelete(o.queue, false, false, false)
@@ -163,7 +176,7 @@ func (o *observer) close() {
 // lane queues and of their consumers, each summed over the lanes, read with
 // passive declares on a channel of its own.
 func (o *observer) settlementQueues(names module.Names) (ready, consumers int, err error) {
-	ch, err := o.conn.Channel()
+	ch, err := o.connection().Channel()
 	if err != nil {
 		return 0, 0, err
 	}

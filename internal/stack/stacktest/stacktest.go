@@ -45,13 +45,21 @@ func Main(m *testing.M, binDir *string, after func(), extra ...string) int {
 	return code
 }
 
-// New creates a stack for t from cfg, with the local servers and the
-// commands in binDir, removed when t ends. Unless cfg.LogDir is set, the
-// services' logs go to the test's temporary directory; their ends are
-// printed when t fails.
+// New creates a stack for t from cfg, with the servers cfg.Env names (the
+// local ones for those it leaves empty) and the commands in binDir, removed
+// when t ends. Unless cfg.LogDir is set, the services' logs go to the test's
+// temporary directory; their ends are printed when t fails.
 func New(t *testing.T, binDir string, cfg stack.Config) *stack.Stack {
 	t.Helper()
-	cfg.Env = stack.EnvFromEnvironment()
+	// A server cfg.Env names (a private instance) is kept; the others are
+	// the local ones.
+	local := stack.EnvFromEnvironment()
+	if cfg.Env.AdminDatabaseURL == "" {
+		cfg.Env.AdminDatabaseURL = local.AdminDatabaseURL
+	}
+	if cfg.Env.AMQPURL == "" {
+		cfg.Env.AMQPURL = local.AMQPURL
+	}
 	cfg.BinDir = binDir
 	if cfg.LogDir == "" {
 		cfg.LogDir = t.TempDir()

@@ -1,0 +1,322 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/adapters/relay"
+	"github.com/outboxmill/outboxmill/domain"
+	"github.com/outboxmill/outboxmill/internal/instance"
+	"github.com/outboxmill/outboxmill/internal/testdb"
+)
+
+// poison turns the committed event ev into a row the broker can never take:
+// a header of 200 kB does not fit in one AMQP frame (RabbitMQ's frame size
+// is 128 kB), and the broker would close the connection with FRAME_ERROR.
+func (f *fixture) poison(ev domain.Event) {
+	f.t.Helper()
+	if _, err := f.db.Exec(`UPDATE `+testdb.Outbox.Table()+`
+		SET payload = jsonb_set(payload::jsonb, '{metadata,oversized}', to_jsonb(repeat('x', 200000)))
+		WHERE payload::jsonb ->> 'uuid' = $1`, ev.ID); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// setAside returns the outbox's set-aside rows, oldest first.
+func (f *fixture) setAside() []relay.SetAsideRecord {
+	f.t.Helper()
+	recs, err := relay.ListSetAside(context.Background(), f.db)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return recs
+}
+
+func (f *fixture) waitSetAside(n int) []relay.SetAsideRecord {
+	f.t.Helper()
+	var recs []relay.SetAsideRecord
+	waitFor(f.t, time.Minute, "set-aside rows", func() bool {
+		recs = f.setAside()
+		return len(recs) == n
+	})
+	return recs
+}
+
+// receiveVersions receives n deliveries and returns the versions of each
+// aggregate in their order of arrival.
+func receiveVersions(t *testing.T, d <-chan amqp.Delivery, n int) map[string][]int {
+	t.Helper()
+	got := map[string][]int{}
+	for _, g := range receive(t, d, n, time.Minute) {
+		got[g.aggregate] = append(got[g.aggregate], g.version)
+	}
+	return got
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// A row the broker can never take is set aside at once with its reason;
+// the later rows of its aggregate are held behind it, not published, while
+// every other aggregate flows. A replay that still cannot be published
+// leaves them all set aside; a discard publishes the held rows in order,
+// before any later event of the aggregate, and is recorded.
+func TestOutboxmill_PoisonRowHoldsBackOnlyItsAggregate(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	d := f.bindQueue("#")
+	f.commit("other", 1)
+	p1 := f.commit("poisoned", 1)
+	f.poison(p1)
+	f.commit("poisoned", 2)
+	f.commit("other", 2)
+	f.commit("poisoned", 3)
+	f.commit("third", 1)
+	cfg := f.config()
+	cfg.ReleaseInterval = 20 * time.Millisecond
+	m := &countingMetrics{}
+	cfg.Metrics = m
+	f.start(cfg)
+
+	got := receiveVersions(t, d, 3)
+	if !equal(got["other"], 1, 2) || !equal(got["third"], 1) || len(got["poisoned"]) > 0 {
+		t.Fatalf("delivered %v, want other 1 2 and third 1 only", got)
+	}
+	recs := f.waitSetAside(3)
+	if recs[0].Kind != relay.AsidePoison || !strings.Contains(recs[0].Reason, "frame") || *recs[0].EventID != p1.ID {
+		t.Fatalf("first set-aside row %+v, want event %s as poison with a reason naming the frame size", recs[0], p1.ID)
+	}
+	for _, r := range recs[1:] {
+		if r.Kind != relay.AsideHeld || *r.AggregateID != "poisoned" {
+			t.Fatalf("set-aside row %+v, want a held row of aggregate poisoned", r)
+		}
+	}
+	// A later event of the aggregate is held too; others still flow.
+	f.commit("poisoned", 4)
+	f.commit("third", 2)
+	if got := receiveVersions(t, d, 1); !equal(got["third"], 2) {
+		t.Fatalf("delivered %v, want third 2", got)
+	}
+	f.waitSetAside(4)
+
+	// Replayed as it is, the row still cannot be published: it stays set
+	// aside, with the rows behind it.
+	if _, err := relay.ReplaySetAside(ctx, f.db, recs[0].ID, quiet()); !errors.Is(err, relay.ErrReleaseRequested) {
+		t.Fatalf("replay poison row: %v, want ErrReleaseRequested", err)
+	}
+	awaitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, err := relay.AwaitRelease(awaitCtx, f.db, recs[0].ID); err == nil || !strings.Contains(err.Error(), "stays set aside") {
+		t.Fatalf("await replay: %v, want the row to stay set aside", err)
+	}
+	if after := f.setAside(); len(after) != 4 || after[0].Attempts < 2 {
+		t.Fatalf("after the replay: %+v, want the 4 rows still set aside and the attempt counted", after)
+	}
+	if _, err := relay.ReplaySetAside(ctx, f.db, recs[1].ID, quiet()); !errors.Is(err, relay.ErrHeld) {
+		t.Fatalf("replay held row: %v, want ErrHeld", err)
+	}
+
+	// Discarded, it is recorded, and the held rows go out in order before
+	// an event committed now.
+	if _, err := relay.DiscardSetAside(ctx, f.db, recs[0].ID, quiet()); !errors.Is(err, relay.ErrReleaseRequested) {
+		t.Fatalf("discard poison row: %v, want ErrReleaseRequested", err)
+	}
+	f.commit("poisoned", 5)
+	if _, err := relay.AwaitRelease(awaitCtx, f.db, recs[0].ID); err != nil {
+		t.Fatalf("await discard: %v", err)
+	}
+	if got := receiveVersions(t, d, 4); !equal(got["poisoned"], 2, 3, 4, 5) {
+		t.Fatalf("delivered %v, want poisoned 2 3 4 5 in that order", got)
+	}
+	if left := f.setAside(); len(left) != 0 {
+		t.Fatalf("set aside after the discard: %+v", left)
+	}
+	var discarded int
+	if err := f.db.Get(&discarded, `SELECT count(*) FROM discarded_events WHERE event_id = $1 AND outbox = $2`,
+		p1.ID, testdb.Outbox.Topic); err != nil || discarded != 1 {
+		t.Fatalf("discard records of %s: %d (%v), want 1", p1.ID, discarded, err)
+	}
+	if n := m.setAsideRows(); n != 4 {
+		t.Fatalf("set-aside metric %d, want 4", n)
+	}
+}
+
+// A poison row that can be published again (here: repaired in place) is
+// replayed first, then the rows held behind it, then the later events.
+func TestOutboxmill_ReplayPublishesThePoisonRowThenTheHeldOnes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	d := f.bindQueue("#")
+	p1 := f.commit("poisoned", 1)
+	f.poison(p1)
+	f.commit("poisoned", 2)
+	cfg := f.config()
+	cfg.ReleaseInterval = 20 * time.Millisecond
+	f.start(cfg)
+	recs := f.waitSetAside(2)
+	if _, err := f.db.Exec(`UPDATE outbox_set_aside SET payload = convert_to((convert_from(payload, 'UTF8')::jsonb #- '{metadata,oversized}')::text, 'UTF8')
+		WHERE id = $1`, recs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := relay.ReplaySetAside(ctx, f.db, recs[0].ID, quiet()); !errors.Is(err, relay.ErrReleaseRequested) {
+		t.Fatalf("replay: %v, want ErrReleaseRequested", err)
+	}
+	f.commit("poisoned", 3)
+	awaitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, err := relay.AwaitRelease(awaitCtx, f.db, recs[0].ID); err != nil {
+		t.Fatalf("await replay: %v", err)
+	}
+	if got := receiveVersions(t, d, 3); !equal(got["poisoned"], 1, 2, 3) {
+		t.Fatalf("delivered %v, want poisoned 1 2 3 in that order", got)
+	}
+}
+
+// Publishes the broker nacks (a full queue that rejects publishes, drained
+// by a consumer slower than the relay) are published again, each
+// aggregate's events in order and once, and the relay slows down to the
+// pace of the queue instead of stopping.
+func TestOutboxmill_NackedPublishesKeepTheirOrder(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	name := "relaynack_" + domain.NewEventID()
+	ch, err := f.conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if _, err := ch.QueueDeclare(name, false, false, false, false, amqp.Table{
+		"x-max-length": int32(5), "x-overflow": "reject-publish",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.withChannel(func(ch *amqp.Channel) error { _, err := ch.QueueDelete(name, false, false, false); return err }) })
+	if err := ch.QueueBind(name, "#", f.exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	d, err := ch.Consume(name, "", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const aggregates, versions = 8, 25
+	for v := 1; v <= versions; v++ {
+		for a := range aggregates {
+			f.commit(string(rune('a'+a)), v)
+		}
+	}
+	cfg := f.config()
+	m := &countingMetrics{}
+	cfg.Metrics = m
+	started := time.Now()
+	f.start(cfg)
+	seen := map[string]bool{}
+	last := map[string]int{}
+	timeout := time.After(2 * time.Minute)
+	for len(seen) < aggregates*versions {
+		var msg amqp.Delivery
+		select {
+		case msg = <-d:
+		case <-timeout:
+			t.Fatalf("%d of %d events arrived", len(seen), aggregates*versions)
+		}
+		if err := msg.Ack(false); err != nil {
+			t.Fatal(err)
+		}
+		g := parseDelivery(t, msg)
+		if seen[g.id] {
+			t.Fatalf("event %s delivered twice", g.id)
+		}
+		seen[g.id] = true
+		if g.version != last[g.aggregate]+1 {
+			t.Fatalf("aggregate %s: version %d arrived after %d (%d refusals so far)", g.aggregate, g.version, last[g.aggregate], m.refusals())
+		}
+		last[g.aggregate] = g.version
+	}
+	if m.refusals() == 0 {
+		t.Fatal("the broker refused no publish: the queue never filled up, the test proves nothing")
+	}
+	t.Logf("%d events through a queue of 5 in %s; %d refusals", len(seen), time.Since(started), m.refusals())
+}
+
+func equal(got []int, want ...int) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// A row the broker closes the channel on (here: a body over the private
+// broker's max_message_size, with the relay's own size check off) is
+// counted as an attempt of the oldest unconfirmed publish; after
+// MaxAttempts it is set aside as poison, with the rest of its aggregate
+// held behind it, and the stream goes on.
+func TestOutboxmill_SetsAsideARowTheBrokerKeepsClosingTheChannelOn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	node := instance.StartRabbit(t)
+	node.Ctl(t, "eval", "application:set_env(rabbit, max_message_size, 1048576).")
+	f := newFixture(t)
+	conn, err := rabbitmq.Dial(ctx, node.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare(f.exchange, "topic", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(q.Name, "#", f.exchange, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	d, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := f.commit("big", 1)
+	if _, err := f.db.Exec(`UPDATE `+testdb.Outbox.Table()+`
+		SET payload = jsonb_set(payload::jsonb, '{payload}', to_jsonb(encode(convert_to(repeat('x', 2000000), 'UTF8'), 'base64')))
+		WHERE payload::jsonb ->> 'uuid' = $1`, big.ID); err != nil {
+		t.Fatal(err)
+	}
+	f.commit("big", 2)
+	f.commit("small", 1)
+	cfg := f.config()
+	cfg.AMQPURL = node.URL()
+	cfg.MaxMessageSize = -1
+	cfg.MaxAttempts = 3
+	f.start(cfg)
+	if got := receiveVersions(t, d, 1); !equal(got["small"], 1) {
+		t.Fatalf("delivered %v, want small 1", got)
+	}
+	recs := f.waitSetAside(2)
+	if recs[0].Kind != relay.AsidePoison || recs[0].Attempts != 3 || !strings.Contains(recs[0].Reason, "PRECONDITION_FAILED") {
+		t.Fatalf("set aside %+v, want event %s as poison after 3 attempts, the broker's reason given", recs[0], big.ID)
+	}
+	if recs[1].Kind != relay.AsideHeld {
+		t.Fatalf("set aside %+v, want the next event of aggregate big held", recs[1])
+	}
+}

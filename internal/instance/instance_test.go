@@ -1,0 +1,290 @@
+package instance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// gone checks that nothing of the instance in dir is left: no process, no
+// directory.
+func gone(t *testing.T, dir string) {
+	t.Helper()
+	if pids := markedProcesses(dir, true); len(pids) > 0 {
+		t.Errorf("processes %v of %s left behind", pids, dir)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s left behind (%v)", dir, err)
+	}
+}
+
+// refuses checks that nothing listens on port any more.
+func refuses(t *testing.T, port int) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
+	if err == nil {
+		conn.Close()
+		t.Errorf("port %d still accepts connections", port)
+	}
+}
+
+func pgExec(t *testing.T, url, sql string, args ...any) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func pgRows(t *testing.T, url string) []string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT note FROM kept ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	notes, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return notes
+}
+
+func TestPostgres_KillAndStart(t *testing.T) {
+	t.Parallel()
+	var dir string
+	t.Run("instance", func(t *testing.T) {
+		pg := StartPostgres(t, WithSetting("max_connections", "20"))
+		dir = pg.root
+		if pg.Env().AdminDatabaseURL != pg.AdminURL() || pg.Env().AMQPURL != "" {
+			t.Errorf("Env() = %+v", pg.Env())
+		}
+		if err := pg.Env().CreateDatabase(context.Background(), "kept_db"); err != nil {
+			t.Fatal(err)
+		}
+		url := pg.URL("kept_db")
+		pgExec(t, url, `CREATE TABLE kept (id serial PRIMARY KEY, note text NOT NULL)`)
+		pgExec(t, url, `INSERT INTO kept (note) VALUES ('committed before the kill')`)
+		// A transaction still open at the kill must be rolled back.
+		ctx := context.Background()
+		open, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := open.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO kept (note) VALUES ('open at the kill')`); err != nil {
+			t.Fatal(err)
+		}
+		backends := len(markedProcesses(pg.root, false))
+		if backends < 3 {
+			t.Fatalf("%d processes of the server found; want the postmaster and its children", backends)
+		}
+
+		pg.Kill(t)
+		if pids := markedProcesses(pg.root, false); len(pids) > 0 {
+			t.Fatalf("processes %v survived the kill", pids)
+		}
+		refuses(t, pg.Port)
+		if err := open.Ping(ctx); err == nil {
+			t.Error("a session survived the kill")
+		}
+		pg.Start(t)
+		if got := pgRows(t, url); len(got) != 1 || got[0] != "committed before the kill" {
+			t.Errorf("after kill -9 and restart the table holds %q, want the committed row only", got)
+		}
+
+		pgExec(t, url, `INSERT INTO kept (note) VALUES ('committed before the stop')`)
+		pg.Stop(t)
+		refuses(t, pg.Port)
+		pg.Start(t)
+		if got := pgRows(t, url); len(got) != 2 {
+			t.Errorf("after stop and start the table holds %q", got)
+		}
+	})
+	gone(t, dir)
+}
+
+func TestRabbit_KillAndStart(t *testing.T) {
+	t.Parallel()
+	var dir string
+	t.Run("instance", func(t *testing.T) {
+		r := StartRabbit(t)
+		dir = r.Dir
+		publish(t, r.URL(), "kept", nil, "persistent before the kill")
+		r.Kill(t)
+		if pids := markedProcesses(r.Dir, false); len(pids) > 0 {
+			t.Fatalf("processes %v survived the kill", pids)
+		}
+		refuses(t, r.Port)
+		r.Start(t)
+		if got := get(t, r.URL(), "kept"); got != "persistent before the kill" {
+			t.Errorf("after kill -9 and restart the queue holds %q", got)
+		}
+	})
+	gone(t, dir)
+}
+
+func TestRabbitCluster_NodeLoss(t *testing.T) {
+	t.Parallel()
+	var dirs []string
+	t.Run("cluster", func(t *testing.T) {
+		nodes := StartRabbitCluster(t, 3)
+		for _, r := range nodes {
+			dirs = append(dirs, r.Dir)
+		}
+		// Declared through the first node, the quorum queue's leader is
+		// there; its members are all three nodes.
+		publish(t, nodes[0].URL(), "kept-quorum", amqp.Table{"x-queue-type": "quorum"}, "before the loss")
+		nodes[0].Kill(t)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		running, err := nodes[1].RunningNodes(ctx)
+		if err != nil || len(running) != 2 {
+			t.Errorf("after the kill, running nodes %v (%v), want 2", running, err)
+		}
+		// Two of three nodes keep the quorum queue working.
+		publish(t, nodes[2].URL(), "kept-quorum", amqp.Table{"x-queue-type": "quorum"}, "during the loss")
+		if got := get(t, nodes[1].URL(), "kept-quorum"); got != "before the loss" {
+			t.Errorf("got %q from the quorum queue, want the message published before the loss", got)
+		}
+		nodes[0].Start(t)
+		if running, err := nodes[0].RunningNodes(ctx); err != nil || len(running) != 3 {
+			t.Errorf("after the restart, running nodes %v (%v), want 3", running, err)
+		}
+		if got := get(t, nodes[0].URL(), "kept-quorum"); got != "during the loss" {
+			t.Errorf("got %q from the restarted node, want the message published during the loss", got)
+		}
+	})
+	for _, d := range dirs {
+		gone(t, d)
+	}
+}
+
+// publish declares the durable queue (with args) and publishes body to it,
+// persistent, waiting for the broker's confirm.
+func publish(t *testing.T, url, queue string, args amqp.Table, body string) {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, args); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false,
+		amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte(body)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := conf.WaitContext(ctx); err != nil || !ok {
+		t.Fatalf("publish to %s: confirmed %v (%v)", queue, ok, err)
+	}
+}
+
+// get takes one message from queue.
+func get(t *testing.T, url, queue string) string {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, ok, err := ch.Get(queue, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ok {
+		return ""
+	}
+	return string(m.Body)
+}
+
+func TestReapLeftovers(t *testing.T) {
+	t.Parallel()
+	// An instance of a live owner (this test process). Creating it runs
+	// this process's own reaping first, so that only the explicit call
+	// below finds the leftover.
+	mine, err := newRoot("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = killMarked(mine, true, time.Minute); _ = os.RemoveAll(mine) })
+	kept, err := startProcess("sleep", []string{"600"}, nil, mine, filepath.Join(mine, "out"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The owner of the leftover: a process that has exited, as a test binary killed before
+	// its clean-up.
+	owner := exec.Command("true")
+	if err := owner.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ownerPID, ownerStart := owner.Process.Pid, processStart(owner.Process.Pid)
+	if err := owner.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	root, err := os.MkdirTemp("", rootPrefix+"test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = killMarked(root, true, time.Minute); _ = os.RemoveAll(root) })
+	if err := os.WriteFile(filepath.Join(root, ownerFile), fmt.Appendf(nil, "%d %s\n", ownerPID, ownerStart), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Its server, still running.
+	left, err := startProcess("sleep", []string{"600"}, nil, root, filepath.Join(root, "out"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	reapLeftovers()
+	if !left.wait(time.Minute) {
+		t.Error("the leftover server still runs")
+	}
+	if _, err := os.Stat(root); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the leftover directory is still there (%v)", err)
+	}
+	if kept.exited() {
+		t.Error("the server of a live owner was killed")
+	}
+	if _, err := os.Stat(mine); err != nil {
+		t.Errorf("the directory of a live owner was removed: %v", err)
+	}
+}

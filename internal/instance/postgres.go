@@ -1,0 +1,323 @@
+package instance
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxmill/outboxmill/internal/testenv"
+)
+
+// Postgres is a private PostgreSQL cluster: initialised with initdb in a
+// directory of its own, run by the postgres OS user (initdb and the server
+// refuse root; a test run by another user runs it as itself), listening on
+// 127.0.0.1 only, with trust authentication for the superuser postgres,
+// 16 MB of shared buffers and 50 connections at most. Its server
+// settings are otherwise the defaults, fsync and synchronous_commit
+// included, so a commit it acknowledged survives a kill -9.
+type Postgres struct {
+	// Port is the TCP port it listens on, on 127.0.0.1.
+	Port int
+	// Dir is the data directory.
+	Dir string
+
+	root     string
+	binDir   string
+	logPath  string
+	settings []string
+	cred     *syscall.Credential
+
+	mu   sync.Mutex
+	proc *process
+}
+
+// PostgresOption changes how StartPostgres sets up the cluster.
+type PostgresOption func(*postgresOptions)
+
+type postgresOptions struct {
+	settings []string
+}
+
+// WithSetting sets a server parameter (postgres -c name=value), after and
+// over the package's own: WithSetting("max_connections", "80").
+func WithSetting(name, value string) PostgresOption {
+	return func(o *postgresOptions) { o.settings = append(o.settings, name+"="+value) }
+}
+
+// Timeouts that guard against a hang; a server normally takes well under a
+// second to start and to recover.
+const (
+	readyTimeout = 2 * time.Minute
+	stopTimeout  = time.Minute
+)
+
+// StartPostgres initialises and starts a private PostgreSQL cluster and
+// waits until it accepts connections. When t ends the server is stopped
+// (immediate shutdown, then kill -9 of whatever is left) and its directory
+// removed; its log is printed first if t failed.
+func StartPostgres(t testing.TB, opts ...PostgresOption) *Postgres {
+	t.Helper()
+	var o postgresOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	begin := time.Now()
+	binDir, err := postgresBinDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cred, err := postgresCredential()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := newRoot("pg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Postgres{
+		Dir: filepath.Join(root, "data"), root: root, binDir: binDir,
+		logPath: filepath.Join(root, "postgres.log"), cred: cred,
+	}
+	t.Cleanup(func() { p.cleanup(t) })
+	if cred != nil {
+		if err := os.Chown(root, int(cred.Uid), int(cred.Gid)); err != nil {
+			t.Fatalf("private postgres: %v", err)
+		}
+	}
+	p.settings = append([]string{
+		"listen_addresses=127.0.0.1",
+		"unix_socket_directories=",
+		"shared_buffers=16MB",
+		"max_connections=50",
+		"logging_collector=off",
+	}, o.settings...)
+
+	initdb := exec.Command(filepath.Join(binDir, "initdb"), "--pgdata", p.Dir, "--username", "postgres",
+		"--auth", "trust", "--encoding", "UTF8", "--locale", "C", "--no-sync", "--no-instructions")
+	initdb.Dir = root
+	initdb.Env = cleanEnviron()
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		t.Fatalf("private postgres: initdb: %v\n%s", err, out)
+	}
+
+	// A port picked free can be taken before the server binds it: start
+	// again on another one.
+	for attempt := 1; ; attempt++ {
+		if p.Port, err = freePort(); err != nil {
+			t.Fatal(err)
+		}
+		err := p.start()
+		if err == nil {
+			break
+		}
+		if attempt == 3 {
+			t.Fatalf("private postgres: %v; log:\n%s", err, tail(p.logPath, 30))
+		}
+	}
+	t.Logf("private postgres on 127.0.0.1:%d ready in %s (%s)", p.Port, time.Since(begin).Round(time.Millisecond), root)
+	return p
+}
+
+// postgresBinDir returns the newest /usr/lib/postgresql/<version>/bin.
+func postgresBinDir() (string, error) {
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	var found []string
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			found = append(found, d)
+		}
+	}
+	if len(found) == 0 {
+		return "", fmt.Errorf("private postgres: no /usr/lib/postgresql/*/bin/initdb")
+	}
+	version := func(d string) int {
+		v, _ := strconv.Atoi(filepath.Base(filepath.Dir(d)))
+		return v
+	}
+	sort.Slice(found, func(i, j int) bool { return version(found[i]) > version(found[j]) })
+	return found[0], nil
+}
+
+// postgresCredential returns the postgres OS user to run the server as when
+// this process is root, and nil otherwise.
+func postgresCredential() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("private postgres: running as root, and no postgres user to run the server as: %w", err)
+	}
+	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+	if err1 != nil || err2 != nil {
+		return nil, fmt.Errorf("private postgres: postgres user has uid %q, gid %q", u.Uid, u.Gid)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+// start starts the server on p.Port and waits until it accepts connections.
+func (p *Postgres) start() error {
+	args := []string{"-D", p.Dir, "-p", strconv.Itoa(p.Port)}
+	for _, s := range p.settings {
+		args = append(args, "-c", s)
+	}
+	proc, err := startProcess(filepath.Join(p.binDir, "postgres"), args, nil, p.root, p.logPath, p.cred)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.proc = proc
+	p.mu.Unlock()
+	err = pollUntil(proc, readyTimeout, 20*time.Millisecond, p.ping)
+	if err != nil && !proc.exited() {
+		_ = killMarked(p.root, false, stopTimeout)
+	}
+	return err
+}
+
+// ping connects as the superuser and runs a query.
+func (p *Postgres) ping() error {
+	cfg, err := pgx.ParseConfig(p.AdminURL())
+	if err != nil {
+		return err
+	}
+	cfg.ConnectTimeout = 5 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "SELECT 1")
+	return err
+}
+
+// AdminURL is the URL of the postgres database as the superuser postgres.
+func (p *Postgres) AdminURL() string { return p.URL("postgres") }
+
+// URL is the URL of database as the superuser postgres.
+func (p *Postgres) URL(database string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", p.Port, url.PathEscape(database))
+}
+
+// Env is a testenv.Env with this server as its admin database; AMQPURL is
+// empty, for the caller to fill.
+func (p *Postgres) Env() testenv.Env { return testenv.Env{AdminDatabaseURL: p.AdminURL()} }
+
+// Running reports whether the server process runs.
+func (p *Postgres) Running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.proc != nil && !p.proc.exited()
+}
+
+// PID is the postmaster's process id (0 if it never started).
+func (p *Postgres) PID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.proc == nil {
+		return 0
+	}
+	return p.proc.cmd.Process.Pid
+}
+
+// Kill kills the postmaster and every process it started (backends,
+// background workers) with kill -9, all at once, and waits until they are
+// gone: a crash that leaves the data directory as it was at that instant.
+// Start recovers from it.
+func (p *Postgres) Kill(t testing.TB) {
+	t.Helper()
+	p.mu.Lock()
+	proc := p.proc
+	p.mu.Unlock()
+	if err := killMarked(p.root, false, stopTimeout); err != nil {
+		t.Fatalf("private postgres: kill: %v", err)
+	}
+	if proc != nil && !proc.wait(stopTimeout) {
+		t.Fatalf("private postgres: the postmaster did not exit after kill -9")
+	}
+}
+
+// Stop shuts the server down in fast mode (pg_ctl stop -m fast: SIGINT to
+// the postmaster: sessions are disconnected, a checkpoint is written) and
+// waits until every process of it has exited.
+func (p *Postgres) Stop(t testing.TB) {
+	t.Helper()
+	p.mu.Lock()
+	proc := p.proc
+	p.mu.Unlock()
+	if proc == nil {
+		return
+	}
+	proc.signal(syscall.SIGINT)
+	if !proc.wait(stopTimeout) {
+		t.Fatalf("private postgres: no exit within %s of a fast shutdown; log:\n%s", stopTimeout, tail(p.logPath, 20))
+	}
+	if err := killMarked(p.root, false, stopTimeout); err != nil {
+		t.Fatalf("private postgres: after stop: %v", err)
+	}
+}
+
+// Start starts the server again, on the same port and data directory,
+// after Kill or Stop, and waits until it accepts connections: after Kill,
+// once it has recovered from the crash.
+func (p *Postgres) Start(t testing.TB) {
+	t.Helper()
+	if p.Running() {
+		t.Fatalf("private postgres: start: already running")
+	}
+	begin := time.Now()
+	// Another process may hold the port for a moment (a client's outgoing
+	// connection bound to it): try again until the hang guard.
+	var err error
+	for time.Since(begin) < readyTimeout {
+		if err = p.start(); err == nil {
+			t.Logf("private postgres on 127.0.0.1:%d started again in %s", p.Port, time.Since(begin).Round(time.Millisecond))
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("private postgres: start again: %v; log:\n%s", err, tail(p.logPath, 30))
+}
+
+// cleanup stops the server (immediate shutdown, then kill -9 of whatever is
+// left) and removes its directory.
+func (p *Postgres) cleanup(t testing.TB) {
+	p.mu.Lock()
+	proc := p.proc
+	p.mu.Unlock()
+	if proc != nil {
+		proc.signal(syscall.SIGQUIT)
+		proc.wait(10 * time.Second)
+	}
+	if err := killMarked(p.root, true, stopTimeout); err != nil {
+		t.Errorf("private postgres: clean up: %v", err)
+	}
+	if t.Failed() {
+		t.Logf("private postgres log (%s), last lines:\n%s", p.logPath, tail(p.logPath, 40))
+	}
+	if err := os.RemoveAll(p.root); err != nil {
+		t.Errorf("private postgres: remove %s: %v", p.root, err)
+	}
+}
+
+// String names the server for logs.
+func (p *Postgres) String() string {
+	return "postgres 127.0.0.1:" + strconv.Itoa(p.Port) + " (" + strings.TrimPrefix(p.root, os.TempDir()+"/") + ")"
+}

@@ -1,0 +1,367 @@
+package instance
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// rabbitBinDir holds the RabbitMQ scripts that run as the calling user
+// (/usr/sbin's wrappers switch to the rabbitmq user and its files).
+const rabbitBinDir = "/usr/lib/rabbitmq/bin"
+
+// Rabbit is a private RabbitMQ node: its own node name, AMQP and Erlang
+// distribution ports on 127.0.0.1 only, database, logs, configuration and
+// Erlang cookie in a directory of its own, no plugins (the management plugin
+// is off). The guest user, which RabbitMQ admits from loopback only, may
+// connect. It shares epmd, the machine's Erlang port mapper, with every
+// other node.
+type Rabbit struct {
+	// Name is the node's Erlang name, <name>@localhost, as rabbitmqctl -n
+	// takes it.
+	Name string
+	// Port is the AMQP port, on 127.0.0.1.
+	Port int
+	// DistPort is the Erlang distribution port (clustering, rabbitmqctl),
+	// on 127.0.0.1.
+	DistPort int
+	// Dir is the node's directory: database (mnesia/), logs (log/),
+	// configuration and the HOME holding its Erlang cookie (home/).
+	Dir string
+
+	logPath string
+
+	mu   sync.Mutex
+	proc *process
+}
+
+// StartRabbit starts a private RabbitMQ node and waits until AMQP
+// connections work. When t ends the node is killed and its directory
+// removed; its log is printed first if t failed.
+func StartRabbit(t testing.TB) *Rabbit {
+	t.Helper()
+	cookie, err := newCookie()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := startRabbit(t, cookie)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// StartRabbitCluster starts n private RabbitMQ nodes sharing one Erlang
+// cookie (all at once: a node takes seconds to boot) and joins the second
+// and later ones to the first, one after the other (rabbitmqctl stop_app,
+// join_cluster, start_app), so that they form one cluster of n disc nodes. It returns
+// when every node is a running member and accepts AMQP connections.
+func StartRabbitCluster(t testing.TB, n int) []*Rabbit {
+	t.Helper()
+	if n < 1 {
+		t.Fatalf("private rabbitmq cluster: %d nodes", n)
+	}
+	begin := time.Now()
+	cookie, err := newCookie()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := make([]*Rabbit, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nodes[i], errs[i] = startRabbit(t, cookie)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	booted := time.Since(begin)
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	// One node at a time: mnesia fails to start on nodes joining at once.
+	for _, r := range nodes[1:] {
+		for _, args := range [][]string{{"stop_app"}, {"join_cluster", nodes[0].Name}, {"start_app"}} {
+			if _, err := r.ctl(ctx, args...); err != nil {
+				t.Fatalf("private rabbitmq cluster: %v", err)
+			}
+		}
+	}
+	for _, r := range nodes {
+		if err := r.waitAMQP(); err != nil {
+			t.Fatalf("private rabbitmq cluster: node %s: %v", r.Name, err)
+		}
+	}
+	running, err := nodes[0].RunningNodes(ctx)
+	if err != nil {
+		t.Fatalf("private rabbitmq cluster: %v", err)
+	}
+	if len(running) != n {
+		t.Fatalf("private rabbitmq cluster: running nodes %v, want %d", running, n)
+	}
+	t.Logf("private rabbitmq cluster of %d nodes ready in %s (booted in %s)", n, time.Since(begin).Round(time.Millisecond), booted.Round(time.Millisecond))
+	return nodes
+}
+
+func newCookie() (string, error) {
+	var b [20]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("private rabbitmq: erlang cookie: %w", err)
+	}
+	return strings.ToUpper(hex.EncodeToString(b[:])), nil
+}
+
+// startRabbit sets up and starts a node with cookie. It may run on any
+// goroutine: it returns errors instead of failing t.
+func startRabbit(t testing.TB, cookie string) (*Rabbit, error) {
+	begin := time.Now()
+	if _, err := os.Stat(filepath.Join(rabbitBinDir, "rabbitmq-server")); err != nil {
+		return nil, fmt.Errorf("private rabbitmq: %w", err)
+	}
+	root, err := newRoot("rabbit")
+	if err != nil {
+		return nil, err
+	}
+	r := &Rabbit{Dir: root, logPath: filepath.Join(root, "rabbitmq.out")}
+	t.Cleanup(func() { r.cleanup(t) })
+	r.Name = "obm-" + strings.TrimPrefix(filepath.Base(root), rootPrefix+"rabbit-") + "@localhost"
+	home := filepath.Join(root, "home")
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		return nil, fmt.Errorf("private rabbitmq: %w", err)
+	}
+	files := map[string]string{
+		"home/.erlang.cookie": cookie,
+		"enabled_plugins":     "[].\n",
+		"advanced.config":     "[].\n",
+		"rabbitmq-env.conf":   "",
+	}
+	for name, content := range files {
+		mode := os.FileMode(0o644)
+		if strings.HasSuffix(name, "cookie") {
+			mode = 0o400
+		}
+		if err := os.WriteFile(filepath.Join(root, name), []byte(content), mode); err != nil {
+			return nil, fmt.Errorf("private rabbitmq: %w", err)
+		}
+	}
+	// A port picked free can be taken before the node binds it: start
+	// again on others.
+	for attempt := 1; ; attempt++ {
+		if r.Port, err = freePort(); err != nil {
+			return nil, err
+		}
+		if r.DistPort, err = freePort(); err != nil {
+			return nil, err
+		}
+		err := r.writeConfig()
+		if err == nil {
+			err = r.start()
+		}
+		if err == nil {
+			break
+		}
+		if attempt == 3 {
+			return nil, fmt.Errorf("private rabbitmq %s: %w; output:\n%s\nlog:\n%s", r.Name, err, tail(r.logPath, 10), tail(r.nodeLog(), 30))
+		}
+	}
+	t.Logf("private rabbitmq %s on 127.0.0.1:%d ready in %s (%s)", r.Name, r.Port, time.Since(begin).Round(time.Millisecond), root)
+	return r, nil
+}
+
+// writeConfig writes the node's rabbitmq.conf.
+func (r *Rabbit) writeConfig() error {
+	conf := strings.Join([]string{
+		"listeners.tcp.1 = 127.0.0.1:" + strconv.Itoa(r.Port),
+		"loopback_users.guest = true",
+		// A busy test machine's disk must not raise the free disk alarm,
+		// which would block every publisher.
+		"disk_free_limit.absolute = 1MB",
+		"log.console = false",
+		"log.file.level = info",
+	}, "\n") + "\n"
+	if err := os.WriteFile(filepath.Join(r.Dir, "rabbitmq.conf"), []byte(conf), 0o644); err != nil {
+		return fmt.Errorf("private rabbitmq: %w", err)
+	}
+	return nil
+}
+
+// env is the environment of the node's server and of rabbitmqctl for it.
+func (r *Rabbit) env() []string {
+	return []string{
+		"HOME=" + filepath.Join(r.Dir, "home"),
+		"LC_ALL=C.UTF-8",
+		"ERL_CRASH_DUMP_SECONDS=0",
+		"ERL_EPMD_ADDRESS=127.0.0.1",
+		"RABBITMQ_NODENAME=" + r.Name,
+		"RABBITMQ_DIST_PORT=" + strconv.Itoa(r.DistPort),
+		"RABBITMQ_MNESIA_BASE=" + filepath.Join(r.Dir, "mnesia"),
+		"RABBITMQ_LOG_BASE=" + filepath.Join(r.Dir, "log"),
+		"RABBITMQ_CONFIG_FILE=" + filepath.Join(r.Dir, "rabbitmq.conf"),
+		"RABBITMQ_ADVANCED_CONFIG_FILE=" + filepath.Join(r.Dir, "advanced.config"),
+		"RABBITMQ_CONF_ENV_FILE=" + filepath.Join(r.Dir, "rabbitmq-env.conf"),
+		"RABBITMQ_ENABLED_PLUGINS_FILE=" + filepath.Join(r.Dir, "enabled_plugins"),
+		"RABBITMQ_PID_FILE=" + filepath.Join(r.Dir, "rabbitmq.pid"),
+		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}",
+	}
+}
+
+// nodeLog is the node's own log file.
+func (r *Rabbit) nodeLog() string { return filepath.Join(r.Dir, "log", r.Name+".log") }
+
+// start starts the node and waits until AMQP works.
+func (r *Rabbit) start() error {
+	proc, err := startProcess(filepath.Join(rabbitBinDir, "rabbitmq-server"), nil, r.env(), r.Dir, r.logPath, nil)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.proc = proc
+	r.mu.Unlock()
+	err = r.waitAMQP()
+	if err != nil && !proc.exited() {
+		_ = killMarked(r.Dir, false, stopTimeout)
+	}
+	return err
+}
+
+// waitAMQP waits until an AMQP connection to the node opens a channel.
+func (r *Rabbit) waitAMQP() error {
+	r.mu.Lock()
+	proc := r.proc
+	r.mu.Unlock()
+	return pollUntil(proc, readyTimeout, 50*time.Millisecond, r.ping)
+}
+
+func (r *Rabbit) ping() error {
+	conn, err := amqp.DialConfig(r.URL(), amqp.Config{Dial: amqp.DefaultDial(5 * time.Second)})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	return ch.Close()
+}
+
+// URL is the node's AMQP URL as guest, default virtual host.
+func (r *Rabbit) URL() string { return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", r.Port) }
+
+// Running reports whether the node's start script runs.
+func (r *Rabbit) Running() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.proc != nil && !r.proc.exited()
+}
+
+// Kill kills the node's processes (its start script, the Erlang VM and the
+// VM's helpers) with kill -9, all at once, and waits until they are gone.
+func (r *Rabbit) Kill(t testing.TB) {
+	t.Helper()
+	r.mu.Lock()
+	proc := r.proc
+	r.mu.Unlock()
+	if err := killMarked(r.Dir, false, stopTimeout); err != nil {
+		t.Fatalf("private rabbitmq %s: kill: %v", r.Name, err)
+	}
+	if proc != nil && !proc.wait(stopTimeout) {
+		t.Fatalf("private rabbitmq %s: the start script did not exit after kill -9", r.Name)
+	}
+}
+
+// Start starts the node again after Kill, on the same ports and database
+// (a cluster member rejoins its cluster), and waits until AMQP works.
+func (r *Rabbit) Start(t testing.TB) {
+	t.Helper()
+	if r.Running() {
+		t.Fatalf("private rabbitmq %s: start: already running", r.Name)
+	}
+	begin := time.Now()
+	// Another process may hold a port for a moment: try again until the
+	// hang guard.
+	var err error
+	for time.Since(begin) < readyTimeout {
+		if err = r.start(); err == nil {
+			t.Logf("private rabbitmq %s started again in %s", r.Name, time.Since(begin).Round(time.Millisecond))
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("private rabbitmq %s: start again: %v; log:\n%s", r.Name, err, tail(r.nodeLog(), 30))
+}
+
+// Ctl runs rabbitmqctl against the node (rabbitmqctl -n Name args...) and
+// returns its output, failing t on error.
+func (r *Rabbit) Ctl(t testing.TB, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	out, err := r.ctl(ctx, args...)
+	if err != nil {
+		t.Fatalf("private rabbitmq: %v", err)
+	}
+	return out
+}
+
+func (r *Rabbit) ctl(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(rabbitBinDir, "rabbitmqctl"), append([]string{"-q", "-n", r.Name}, args...)...)
+	cmd.Dir = r.Dir
+	cmd.Env = append(cleanEnviron(), r.env()...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("rabbitmqctl -n %s %s: %w\n%s", r.Name, strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// RunningNodes returns the cluster's running nodes as this node sees them.
+func (r *Rabbit) RunningNodes(ctx context.Context) ([]string, error) {
+	out, err := r.ctl(ctx, "cluster_status", "--formatter", "json")
+	if err != nil {
+		return nil, err
+	}
+	var status struct {
+		RunningNodes []string `json:"running_nodes"`
+	}
+	if err := json.Unmarshal([]byte(out), &status); err != nil {
+		return nil, fmt.Errorf("rabbitmqctl cluster_status: %w\n%s", err, out)
+	}
+	return status.RunningNodes, nil
+}
+
+// cleanup kills the node and removes its directory.
+func (r *Rabbit) cleanup(t testing.TB) {
+	if err := killMarked(r.Dir, true, stopTimeout); err != nil {
+		t.Errorf("private rabbitmq %s: clean up: %v", r.Name, err)
+	}
+	r.mu.Lock()
+	proc := r.proc
+	r.mu.Unlock()
+	if proc != nil {
+		proc.wait(10 * time.Second)
+	}
+	if t.Failed() {
+		t.Logf("private rabbitmq %s log (%s), last lines:\n%s", r.Name, r.nodeLog(), tail(r.nodeLog(), 40))
+	}
+	if err := os.RemoveAll(r.Dir); err != nil {
+		t.Errorf("private rabbitmq %s: remove %s: %v", r.Name, r.Dir, err)
+	}
+}
