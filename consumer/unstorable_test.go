@@ -73,9 +73,12 @@ func (l *logCounter) warnings() (int, map[string]int, []string) {
 	return l.total, counts, append([]string(nil), l.last...)
 }
 
-// startLogged is start with the consumer's log going to logs.
+// startLogged is start with the consumer's log going to logs, on a pool of
+// at most 3 connections: these tests run in parallel.
 func (f *fixture) startLogged(s spec, logs *logCounter) *running {
 	f.t.Helper()
+	f.db.SetMaxOpenConns(3)
+	f.db.SetMaxIdleConns(3)
 	h := f.handler(&s)
 	types, err := h.EventTypes(f.reg)
 	if err != nil {

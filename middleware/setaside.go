@@ -10,7 +10,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// SetAsideMessage is a message a handler could not process.
+// SetAsideMessage is a message a handler could not process, as it was
+// received: its id, metadata and payload may hold any bytes (NUL bytes,
+// invalid UTF-8, an id too long for an index).
 type SetAsideMessage struct {
 	Handler   string
 	MessageID string
@@ -33,7 +35,10 @@ type Hold struct {
 }
 
 // SetAsideStore keeps set-aside messages until an operator replays or
-// discards them.
+// discards them. SetAside must take any message: what the message holds
+// must never make it fail (a store whose columns cannot hold some bytes
+// keeps them another way), so that only an outage keeps a message from
+// being set aside.
 type SetAsideStore interface {
 	SetAside(ctx context.Context, m SetAsideMessage) error
 }

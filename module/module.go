@@ -274,13 +274,14 @@ func (s Set) Routes(n Names) ([]Route, error) {
 // queues, each with a single active consumer so that several instances share
 // the lanes without reordering them, bound to the routing keys of its
 // events' shards; and the unroutable queue behind the exchange's alternate
-// exchange. queueType is rabbitmq.QueueClassic or QueueQuorum.
+// exchange. queueType (rabbitmq.QueueClassic or QueueQuorum) is the type of
+// every queue, the unroutable one included.
 func (s Set) Topology(n Names, queueType string) (rabbitmq.Topology, error) {
 	routes, err := s.Routes(n)
 	if err != nil {
 		return rabbitmq.Topology{}, err
 	}
-	t := rabbitmq.Topology{Exchange: n.Exchange(), UnroutableQueue: n.Unroutable()}
+	t := rabbitmq.Topology{Exchange: n.Exchange(), UnroutableQueue: n.Unroutable(), UnroutableType: queueType}
 	for _, r := range routes {
 		for lane, queue := range r.Queues {
 			var keys []string

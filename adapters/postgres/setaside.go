@@ -52,11 +52,15 @@ func (s *SetAsideStore) SetAside(ctx context.Context, m middleware.SetAsideMessa
 }
 
 // Bounds of the text columns of a set-aside row that hold what a message
-// or its handler said (the message id is bounded by
-// middleware.SafeMessageID).
+// or its handler said. The message id is bounded by
+// middleware.SafeMessageID; with the handler it makes an index entry of
+// at most 1.3 kB, and a held message's handler and aggregate one of at
+// most 1.5 kB, below the 2.7 kB a btree entry holds.
 const (
-	maxTopicLen  = 1000
-	maxReasonLen = 8 << 10
+	maxHandlerLen       = 200
+	maxAggregateTypeLen = 200
+	maxTopicLen         = 1000
+	maxReasonLen        = 8 << 10
 )
 
 // row is a set-aside message as set_aside_messages stores it.
@@ -74,7 +78,7 @@ type row struct {
 // exact message id and metadata kept as bytes when their text differs.
 func toRow(m middleware.SetAsideMessage) (row, error) {
 	r := row{
-		handler:   middleware.SafeText(m.Handler, middleware.MaxMessageIDLen),
+		handler:   middleware.SafeText(m.Handler, maxHandlerLen),
 		messageID: middleware.SafeMessageID(m.MessageID),
 		topic:     middleware.SafeText(m.Topic, maxTopicLen),
 		reason:    boundReason(m.Reason),
@@ -104,7 +108,7 @@ func toRow(m middleware.SetAsideMessage) (row, error) {
 	}
 	if h := m.Hold; h != nil {
 		if h.AggregateVersion >= math.MinInt32 && h.AggregateVersion <= math.MaxInt32 {
-			r.aggType = middleware.SafeText(h.AggregateType, middleware.MaxMessageIDLen)
+			r.aggType = middleware.SafeText(h.AggregateType, maxAggregateTypeLen)
 			r.aggID = middleware.SafeText(h.AggregateID, middleware.MaxMessageIDLen)
 			r.aggVersion, r.heldUntil = h.AggregateVersion, h.Until
 		} else {

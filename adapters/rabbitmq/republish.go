@@ -8,6 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/middleware"
 )
 
 // ErrUnroutable is returned when the broker returned a published message
@@ -61,23 +63,23 @@ func (p *QueuePublisher) Publish(ctx context.Context, queue string, msg *message
 	}
 	pub, err := Marshaler{}.Marshal(clean)
 	if err != nil {
-		return fmt.Errorf("marshal message %s: %w", msg.UUID, err)
+		return fmt.Errorf("marshal message %s: %w", middleware.SafeMessageID(msg.UUID), err)
 	}
 	conf, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, pub)
 	if err != nil {
-		return fmt.Errorf("publish message %s to %s: %w", msg.UUID, queue, err)
+		return fmt.Errorf("publish message %s to %s: %w", middleware.SafeMessageID(msg.UUID), queue, err)
 	}
 	ok, err := conf.WaitContext(ctx)
 	if err != nil {
-		return fmt.Errorf("publish message %s to %s: wait for confirm: %w", msg.UUID, queue, err)
+		return fmt.Errorf("publish message %s to %s: wait for confirm: %w", middleware.SafeMessageID(msg.UUID), queue, err)
 	}
 	if !ok {
-		return fmt.Errorf("publish message %s to %s: the broker refused it (nack)", msg.UUID, queue)
+		return fmt.Errorf("publish message %s to %s: the broker refused it (nack)", middleware.SafeMessageID(msg.UUID), queue)
 	}
 	// A return precedes the confirm of the same message on the channel.
 	select {
 	case r := <-p.returns:
-		return fmt.Errorf("publish message %s to %s: %w (%s)", msg.UUID, queue, ErrUnroutable, r.ReplyText)
+		return fmt.Errorf("publish message %s to %s: %w (%s)", middleware.SafeMessageID(msg.UUID), queue, ErrUnroutable, r.ReplyText)
 	default:
 	}
 	return nil

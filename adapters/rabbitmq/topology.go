@@ -32,6 +32,12 @@ type Topology struct {
 	// instead of being dropped by the broker. A consumer added later can be
 	// fed from it (outboxctl unroutable replay).
 	UnroutableQueue string
+	// UnroutableType is the unroutable queue's type, QueueClassic (default)
+	// or QueueQuorum: in a cluster a quorum queue survives the loss of the
+	// node a classic one lives on. A queue declared before with another
+	// type is refused by the broker (PRECONDITION_FAILED): delete it, once
+	// empty, to change its type.
+	UnroutableType string
 }
 
 // AlternateExchange returns the name of the exchange that receives what the
@@ -123,7 +129,8 @@ func Declare(ctx context.Context, url string, t Topology) error {
 		if err := ch.ExchangeDeclare(ae, "fanout", true, false, false, false, nil); err != nil {
 			return fmt.Errorf("declare exchange %s: %w", ae, err)
 		}
-		if _, err := ch.QueueDeclare(t.UnroutableQueue, true, false, false, false, nil); err != nil {
+		if _, err := ch.QueueDeclare(t.UnroutableQueue, true, false, false, false,
+			Queue{Name: t.UnroutableQueue, Type: t.UnroutableType}.QueueArgs()); err != nil {
 			return fmt.Errorf("declare queue %s: %w", t.UnroutableQueue, err)
 		}
 		if err := ch.QueueBind(t.UnroutableQueue, "", ae, false, nil); err != nil {

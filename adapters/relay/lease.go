@@ -17,7 +17,8 @@ var errLeaseExpired = errors.New("relay lease expired: not renewed in time, anot
 
 // lease is a relay's leadership of its outbox stream: a session-level
 // advisory lock held by a dedicated connection whose session PostgreSQL ends
-// once it has been idle for Config.LeaseTimeout (idle_session_timeout).
+// once it has been idle for Config.LeaseTimeout, inside a transaction or not
+// (idle_session_timeout, idle_in_transaction_session_timeout).
 //
 // The holder renews it by using the session at least every LeaseTimeout/4
 // (a position update does; otherwise a "SELECT 1"). A relay that freezes (a
@@ -32,7 +33,8 @@ var errLeaseExpired = errors.New("relay lease expired: not renewed in time, anot
 //     LeaseTimeout after the start of its last successful use of the
 //     session, which is before the server can end the session. A holder
 //     that wakes after being replaced finds its lease expired and publishes
-//     nothing more.
+//     nothing more than the one publish it may have been making when it
+//     froze.
 type lease struct {
 	conn    *sqlx.Conn
 	key     int64
@@ -53,12 +55,16 @@ func (r *Outboxmill) acquireLease(ctx context.Context) (*lease, error) {
 	}
 	l := &lease{conn: conn, key: advisoryKey("relay:" + r.config.Outbox.Topic + ":" + r.config.ConsumerGroup),
 		timeout: r.config.LeaseTimeout, stop: make(chan struct{}), done: make(chan struct{})}
-	// The timeout applies to this session only, and only while it is idle
-	// outside a transaction.
+	// The timeouts apply to this session only: one while it is idle
+	// outside a transaction, the other while it is idle inside one (a
+	// relay frozen in the middle of a position update). A session ended
+	// inside a transaction rolls its update back.
 	ms := max(l.timeout.Milliseconds(), 1)
-	if _, err := conn.ExecContext(ctx, fmt.Sprintf(`SET idle_session_timeout = %d`, ms)); err != nil {
-		_ = conn.Close()
-		return nil, fmt.Errorf("set relay lease timeout: %w", err)
+	for _, setting := range []string{"idle_session_timeout", "idle_in_transaction_session_timeout"} {
+		if _, err := conn.ExecContext(ctx, fmt.Sprintf(`SET %s = %d`, setting, ms)); err != nil {
+			_ = conn.Close()
+			return nil, fmt.Errorf("set relay lease timeout (%s): %w", setting, err)
+		}
 	}
 	if err := r.takeLock(ctx, l); err != nil {
 		_ = conn.Close()
@@ -150,6 +156,9 @@ func (l *lease) release() {
 		_, err := conn.ExecContext(ctx, `SELECT pg_advisory_unlock($1)`, l.key)
 		if err == nil {
 			_, err = conn.ExecContext(ctx, `RESET idle_session_timeout`)
+		}
+		if err == nil {
+			_, err = conn.ExecContext(ctx, `RESET idle_in_transaction_session_timeout`)
 		}
 		return err
 	})

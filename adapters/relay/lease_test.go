@@ -70,3 +70,59 @@ func TestLease_AFrozenHolderIsReplacedAndFenced(t *testing.T) {
 	}
 	_ = old.conn.Close()
 }
+
+// A holder frozen in the middle of a position update leaves its session
+// idle inside a transaction: the server ends that session too after
+// LeaseTimeout, rolling the update back, and a standby takes over.
+func TestLease_AHolderFrozenInsideAnUpdateIsReplaced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testdb.NewOrders(t).DB
+	cfg := Config{Outbox: testdb.Outbox, AMQPURL: "amqp://127.0.0.1:1/", Exchange: "unused",
+		LeaseTimeout: time.Second, StandbyInterval: 50 * time.Millisecond}
+	first, err := NewOutboxmill(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := NewOutboxmill(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := first.acquireLease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pos, err := first.loadPosition(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(old.stop)
+	<-old.done
+	// Frozen after the UPDATE, before the COMMIT.
+	tx, err := old.conn.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE `+cfg.Outbox.OffsetsTable()+` SET offset_acked = offset_acked + 1 WHERE consumer_group = $1`,
+		DefaultConsumerGroup); err != nil {
+		t.Fatal(err)
+	}
+	acquireCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	next, err := second.acquireLease(acquireCtx)
+	if err != nil {
+		t.Fatalf("standby never took over: %v", err)
+	}
+	defer next.release()
+	if err := tx.Commit(); err == nil {
+		t.Fatal("the frozen holder's update committed after it was replaced")
+	}
+	after, err := second.loadPosition(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != pos {
+		t.Fatalf("position %+v, want %+v: the frozen update must roll back", after, pos)
+	}
+	_ = old.conn.Close()
+}

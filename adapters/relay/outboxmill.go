@@ -90,13 +90,13 @@ func NewOutboxmill(db *sqlx.DB, config Config) (*Outboxmill, error) {
 		return nil, err
 	}
 	return &Outboxmill{
-		db:      db,
-		config:  config,
-		logger:  config.Logger.With("outbox", config.Outbox.Topic, "consumer_group", config.ConsumerGroup),
+		db:       db,
+		config:   config,
+		logger:   config.Logger.With("outbox", config.Outbox.Topic, "consumer_group", config.ConsumerGroup),
 		suspects: map[position]suspicion{},
 		wake:     make(chan struct{}, 1),
-		closing: make(chan struct{}),
-		done:    make(chan struct{}),
+		closing:  make(chan struct{}),
+		done:     make(chan struct{}),
 	}, nil
 }
 

@@ -199,7 +199,9 @@ func TestOutboxmill_NackedPublishesKeepTheirOrder(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { f.withChannel(func(ch *amqp.Channel) error { _, err := ch.QueueDelete(name, false, false, false); return err }) })
+	t.Cleanup(func() {
+		f.withChannel(func(ch *amqp.Channel) error { _, err := ch.QueueDelete(name, false, false, false); return err })
+	})
 	if err := ch.QueueBind(name, "#", f.exchange, false, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +44,9 @@ type Rabbit struct {
 	Dir string
 
 	logPath string
+	// peers are the nodes a blank node joins at its first boot (peer
+	// discovery from the configuration).
+	peers []string
 
 	mu   sync.Mutex
 	proc *process
@@ -57,7 +61,10 @@ func StartRabbit(t testing.TB) *Rabbit {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := startRabbit(t, cookie)
+	r, err := newRabbit(t, cookie)
+	if err == nil {
+		err = r.boot(t)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,10 +72,13 @@ func StartRabbit(t testing.TB) *Rabbit {
 }
 
 // StartRabbitCluster starts n private RabbitMQ nodes sharing one Erlang
-// cookie (all at once: a node takes seconds to boot) and joins the second
-// and later ones to the first, one after the other (rabbitmqctl stop_app,
-// join_cluster, start_app), so that they form one cluster of n disc nodes. It returns
-// when every node is a running member and accepts AMQP connections.
+// cookie, all at once (a node takes seconds to boot), the second and later
+// ones configured to join the first as they boot (peer discovery from the
+// configuration; a joining node waits for a lock, so they join one after
+// the other). A node that booted alone all the same (the first was not up
+// in time) is joined with rabbitmqctl (stop_app, join_cluster, start_app).
+// It returns when the n nodes run as one cluster of disc nodes and each
+// accepts AMQP connections.
 func StartRabbitCluster(t testing.TB, n int) []*Rabbit {
 	t.Helper()
 	if n < 1 {
@@ -80,13 +90,21 @@ func StartRabbitCluster(t testing.TB, n int) []*Rabbit {
 		t.Fatal(err)
 	}
 	nodes := make([]*Rabbit, n)
+	for i := range nodes {
+		if nodes[i], err = newRabbit(t, cookie); err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 {
+			nodes[i].peers = []string{nodes[0].Name}
+		}
+	}
 	errs := make([]error, n)
 	var wg sync.WaitGroup
-	for i := range nodes {
+	for i, r := range nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			nodes[i], errs[i] = startRabbit(t, cookie)
+			errs[i] = r.boot(t)
 		}()
 	}
 	wg.Wait()
@@ -96,27 +114,39 @@ func StartRabbitCluster(t testing.TB, n int) []*Rabbit {
 	booted := time.Since(begin)
 	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
 	defer cancel()
+	running, err := nodes[0].RunningNodes(ctx)
+	if err != nil {
+		t.Fatalf("private rabbitmq cluster: %v", err)
+	}
 	// One node at a time: mnesia fails to start on nodes joining at once.
+	var joined []string
 	for _, r := range nodes[1:] {
+		if slices.Contains(running, r.Name) {
+			continue
+		}
 		for _, args := range [][]string{{"stop_app"}, {"join_cluster", nodes[0].Name}, {"start_app"}} {
 			if _, err := r.ctl(ctx, args...); err != nil {
 				t.Fatalf("private rabbitmq cluster: %v", err)
 			}
 		}
-	}
-	for _, r := range nodes {
 		if err := r.waitAMQP(); err != nil {
 			t.Fatalf("private rabbitmq cluster: node %s: %v", r.Name, err)
 		}
+		joined = append(joined, r.Name)
 	}
-	running, err := nodes[0].RunningNodes(ctx)
-	if err != nil {
-		t.Fatalf("private rabbitmq cluster: %v", err)
+	if len(joined) > 0 {
+		if running, err = nodes[0].RunningNodes(ctx); err != nil {
+			t.Fatalf("private rabbitmq cluster: %v", err)
+		}
 	}
 	if len(running) != n {
 		t.Fatalf("private rabbitmq cluster: running nodes %v, want %d", running, n)
 	}
-	t.Logf("private rabbitmq cluster of %d nodes ready in %s (booted in %s)", n, time.Since(begin).Round(time.Millisecond), booted.Round(time.Millisecond))
+	how := "joined as they booted"
+	if len(joined) > 0 {
+		how = fmt.Sprintf("%s joined with rabbitmqctl", strings.Join(joined, ", "))
+	}
+	t.Logf("private rabbitmq cluster of %d nodes ready in %s (booted in %s; %s)", n, time.Since(begin).Round(time.Millisecond), booted.Round(time.Millisecond), how)
 	return nodes
 }
 
@@ -128,10 +158,10 @@ func newCookie() (string, error) {
 	return strings.ToUpper(hex.EncodeToString(b[:])), nil
 }
 
-// startRabbit sets up and starts a node with cookie. It may run on any
-// goroutine: it returns errors instead of failing t.
-func startRabbit(t testing.TB, cookie string) (*Rabbit, error) {
-	begin := time.Now()
+// newRabbit sets up a node with cookie: its directory (removed when t
+// ends), name and files. It may run on any goroutine: it returns errors
+// instead of failing t.
+func newRabbit(t testing.TB, cookie string) (*Rabbit, error) {
 	if _, err := os.Stat(filepath.Join(rabbitBinDir, "rabbitmq-server")); err != nil {
 		return nil, fmt.Errorf("private rabbitmq: %w", err)
 	}
@@ -161,28 +191,35 @@ func startRabbit(t testing.TB, cookie string) (*Rabbit, error) {
 			return nil, fmt.Errorf("private rabbitmq: %w", err)
 		}
 	}
+	return r, nil
+}
+
+// boot starts the node for the first time, on new ports, and waits until
+// AMQP works. It may run on any goroutine.
+func (r *Rabbit) boot(t testing.TB) error {
+	begin := time.Now()
 	// A port picked free can be taken before the node binds it: start
 	// again on others.
 	for attempt := 1; ; attempt++ {
+		var err error
 		if r.Port, err = freePort(); err != nil {
-			return nil, err
+			return err
 		}
 		if r.DistPort, err = freePort(); err != nil {
-			return nil, err
+			return err
 		}
-		err := r.writeConfig()
-		if err == nil {
+		if err = r.writeConfig(); err == nil {
 			err = r.start()
 		}
 		if err == nil {
 			break
 		}
 		if attempt == 3 {
-			return nil, fmt.Errorf("private rabbitmq %s: %w; output:\n%s\nlog:\n%s", r.Name, err, tail(r.logPath, 10), tail(r.nodeLog(), 30))
+			return fmt.Errorf("private rabbitmq %s: %w; output:\n%s\nlog:\n%s", r.Name, err, tail(r.logPath, 10), tail(r.nodeLog(), 30))
 		}
 	}
-	t.Logf("private rabbitmq %s on 127.0.0.1:%d ready in %s (%s)", r.Name, r.Port, time.Since(begin).Round(time.Millisecond), root)
-	return r, nil
+	t.Logf("private rabbitmq %s on 127.0.0.1:%d ready in %s (%s)", r.Name, r.Port, time.Since(begin).Round(time.Millisecond), r.Dir)
+	return nil
 }
 
 // writeConfig writes the node's rabbitmq.conf.
@@ -196,6 +233,12 @@ func (r *Rabbit) writeConfig() error {
 		"log.console = false",
 		"log.file.level = info",
 	}, "\n") + "\n"
+	if len(r.peers) > 0 {
+		conf += "cluster_formation.peer_discovery_backend = classic_config\n"
+		for i, p := range r.peers {
+			conf += fmt.Sprintf("cluster_formation.classic_config.nodes.%d = %s\n", i+1, p)
+		}
+	}
 	if err := os.WriteFile(filepath.Join(r.Dir, "rabbitmq.conf"), []byte(conf), 0o644); err != nil {
 		return fmt.Errorf("private rabbitmq: %w", err)
 	}

@@ -154,7 +154,7 @@ func (sc *scenario) reconcileStack() (int, outboxctl.ReconcileJSON) {
 
 func TestChaos_ForgedOrderPaid(t *testing.T) {
 	t.Parallel()
-	sc := newScenario(t, 41, "14 forged OrderPaid", stack.Config{OrdersArgs: ordersArgs()})
+	sc := newScenario(t, 140, "14 forged OrderPaid", stack.Config{OrdersArgs: ordersArgs()})
 	sc.startOrders()
 	sc.startSettlement()
 	tr := sc.startTraffic(trafficConfig{Orders: 500, Rate: 150})

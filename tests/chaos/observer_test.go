@@ -66,7 +66,8 @@ func startObserver(t *testing.T, s *stack.Stack) *observer {
 		t.Fatal(err)
 	}
 	names := module.Names{Namespace: s.Namespace}
-	if err := rabbitmq.Declare(ctx, s.Config.Env.AMQPURL, rabbitmq.Topology{Exchange: exchange, UnroutableQueue: names.Unroutable()}); err != nil {
+	if err := rabbitmq.Declare(ctx, s.Config.Env.AMQPURL, rabbitmq.Topology{Exchange: exchange, UnroutableQueue: names.Unroutable(),
+		UnroutableType: queueType(s)}); err != nil {
 		t.Fatalf("declare exchange %s: %v", exchange, err)
 	}
 	if _, err := o.ch.QueueDeclare(o.queue, false, false, true, false, nil); err != nil {
@@ -191,4 +192,17 @@ func (o *observer) settlementQueues(names module.Names) (ready, consumers int, e
 		consumers += q.Consumers
 	}
 	return ready, consumers, nil
+}
+
+// queueType is the -queue-type the stack's services are given: the
+// unroutable queue the observer declares before them must have it too.
+func queueType(s *stack.Stack) string {
+	for _, args := range [][]string{s.Config.OrdersArgs, s.Config.SettlementArgs} {
+		for i, a := range args {
+			if (a == "-queue-type" || a == "--queue-type") && i+1 < len(args) {
+				return args[i+1]
+			}
+		}
+	}
+	return rabbitmq.QueueClassic
 }

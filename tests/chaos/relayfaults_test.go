@@ -54,7 +54,9 @@ func TestChaos_PoisonRow(t *testing.T) {
 	skipUnlessOutboxmill(t)
 	t.Parallel()
 	ctx := context.Background()
-	sc := newScenario(t, 50, "10 poison row (frame too large)", stack.Config{OrdersArgs: ordersArgs()})
+	sc := newScenario(t, 100, "10 poison row (frame too large)", stack.Config{OrdersArgs: ordersArgs()})
+	// The test's own session, opened before the services take theirs.
+	db, writer := sc.openOrdersDB()
 	sc.startOrders()
 	sc.startSettlement()
 	tr := sc.startTraffic(trafficConfig{Orders: 600, Rate: 100})
@@ -63,7 +65,6 @@ func TestChaos_PoisonRow(t *testing.T) {
 	// The fault: an order whose OrderPlaced carries a 200 kB header,
 	// committed while the traffic flows. Its events are left out of the
 	// ledger's commit times: they wait for the operator on purpose.
-	db, writer := sc.openOrdersDB()
 	placed := commitOversizedOrder(t, db, writer)
 	orderID := placed.AggregateID
 	sc.extraPlaced++
@@ -137,7 +138,7 @@ func TestChaos_PoisonRow(t *testing.T) {
 	if left != 0 {
 		t.Fatalf("%d rows of the poisoned order still set aside after the release", left)
 	}
-	sc.note("order %s: OrderPlaced with a %d kB header set aside as poison at once (%s), its OrderPaid held; %d orders paid meanwhile, every other event delivered; replayed after removing the header: the relay had released it %s after the request",
+	sc.note("order %s: OrderPlaced with a %d kB header set aside as poison at once (%s), its OrderPaid held; every other event delivered, %d orders of the traffic paid by then; replayed after removing the header: the relay had released it %s after the request",
 		short(orderID), oversizedHeader/1000, poison.Reason, paidMeanwhile, round(releasedAt.Sub(requestedAt)))
 
 	sc.afterSettling(func() {
@@ -279,7 +280,7 @@ func TestChaos_NackedPublishes(t *testing.T) {
 	skipUnlessOutboxmill(t)
 	t.Parallel()
 	ctx := context.Background()
-	sc := newScenario(t, 51, "11 broker nacks (x-max-length, reject-publish)", stack.Config{OrdersArgs: ordersArgs()})
+	sc := newScenario(t, 110, "11 broker nacks (x-max-length, reject-publish)", stack.Config{OrdersArgs: ordersArgs()})
 	q := startRefusingQueue(t, sc)
 	sc.startOrders()
 	sc.startSettlement()
@@ -292,10 +293,11 @@ func TestChaos_NackedPublishes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	committed, err := readCommitted(ctx, sc.stack)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var committed []committedEvent
+	waitFor(t, time.Minute, "the committed events", func() (bool, error) {
+		committed, err = readCommitted(ctx, sc.stack)
+		return err == nil, err
+	})
 	ids := make([]string, len(committed))
 	for i, e := range committed {
 		ids[i] = e.ID
@@ -542,10 +544,17 @@ func TestChaos_FrozenRelay(t *testing.T) {
 	// Alone: the frozen process keeps its sessions, and a transaction one of
 	// them held open would stall every relay on the server.
 	ctx := context.Background()
-	sc := newScenario(t, 52, "12 frozen active relay (SIGSTOP)", stack.Config{
+	sc := newScenario(t, 120, "12 frozen active relay (SIGSTOP)", stack.Config{
 		OrdersArgs: ordersArgs("-relay-lease-timeout", frozenLeaseTimeout.String()),
 	})
 	limitIdleTransactions(t, sc, frozenIdleInTransaction)
+	// The test's own sessions, opened before the services take theirs.
+	db, writer := sc.openOrdersDB()
+	admin, err := connect(ctx, sc.stack.OrdersDatabaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
 	sc.startOrders()
 	if _, err := sc.stack.StartOrdersReplica(ctx); err != nil {
 		t.Fatal(err)
@@ -555,13 +564,6 @@ func TestChaos_FrozenRelay(t *testing.T) {
 	fence := startFenceWatcher(t, sc)
 	tr := sc.startTraffic(trafficConfig{Orders: 1200, Rate: 150, Bases: []string{standby.URL()}})
 	tr.waitPaid(t, 150)
-
-	db, writer := sc.openOrdersDB()
-	admin, err := connect(ctx, sc.stack.OrdersDatabaseURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
 
 	// The fault: the active relay's process is frozen mid-traffic.
 	active.Pause()
@@ -585,6 +587,13 @@ func TestChaos_FrozenRelay(t *testing.T) {
 		t.Fatalf("the standby did not take over within 30 s of the freeze (the frozen relay's lock session was %s): %v", holder, err)
 	}
 	takeover := takeoverAt.Sub(stoppedAt)
+	// Transactions begun before the freeze and still open are the frozen
+	// process's: their transaction ids hold back every relay on the server.
+	held := openSince(t, admin, stoppedAt)
+	if len(held) > 0 {
+		sc.note("%d transaction(s) of the frozen process were still open at the takeover (%s), holding back every relay on the server until the database's idle_in_transaction_session_timeout (%s) ended them",
+			len(held), strings.Join(held, "; "), frozenIdleInTransaction)
+	}
 	if !holder.lastUse.IsZero() {
 		idle := takeoverAt.Sub(holder.lastUse)
 		if idle < frozenLeaseTimeout-2*time.Millisecond {
@@ -676,12 +685,19 @@ func TestChaos_FrozenRelay(t *testing.T) {
 	if active.Exited() {
 		t.Error("the frozen orders process exited after it was woken")
 	}
-	firstAfter := firstCommittedAfter(sc, stoppedAt)
-	sc.note("lease timeout %s; frozen mid-traffic, its lock session %s since %s before the freeze; the standby took over %s after the freeze, events committed after the freeze reached the observer %s after it; woken %s after the takeover, the frozen relay stopped (%s) and was on standby %s after it was woken, having sent %d event(s) again on waking",
+	// Rows after the newest one at the freeze were committed after it.
+	firstAfter := time.Duration(-1)
+	for _, d := range sc.obs.snapshot() {
+		if !before[d.EventID] {
+			firstAfter = d.At.Sub(stoppedAt)
+			break
+		}
+	}
+	sc.note("lease timeout %s; frozen mid-traffic, its lock session %s since %s before the freeze; the standby took over %s after the freeze, events committed after the freeze reached the observer %s after it; woken %s after the takeover, the frozen relay stopped (%s) and was on standby %s after it was woken; %d event(s) committed before the freeze were routed again after it woke",
 		frozenLeaseTimeout, holder.state, round(stoppedAt.Sub(holder.lastUse)), round(takeover), round(firstAfter),
-		round(resumedAt.Sub(takeoverAt)), why, round(standbyAt.Sub(resumedAt)), len(copies))
+		round(resumedAt.Sub(takeoverAt)), why, round(standbyAt.Sub(resumedAt)), len(old))
 	line := fmt.Sprintf("chaos takeover [%s] lease_timeout=%s takeover=%s first_delivery_after_freeze=%s woken_to_standby=%s sent_on_waking=%d",
-		sc.name, frozenLeaseTimeout, round(takeover), round(firstAfter), round(standbyAt.Sub(resumedAt)), len(copies))
+		sc.name, frozenLeaseTimeout, round(takeover), round(firstAfter), round(standbyAt.Sub(resumedAt)), len(old))
 	t.Log(line)
 	fmt.Println(line)
 	sc.settle(resumedAt)
@@ -814,6 +830,25 @@ func logTime(t *testing.T, line string) time.Time {
 		t.Fatalf("log line without a time: %q: %v", line, err)
 	}
 	return at
+}
+
+// openSince describes the sessions of the orders database, but the
+// test's, whose transaction began before since and holds a transaction id.
+func openSince(t *testing.T, admin *pgx.Conn, since time.Time) []string {
+	t.Helper()
+	rows, err := admin.Query(context.Background(), `
+		SELECT format('pid %s, %s, %s', pid, state, left(regexp_replace(query, '\s+', ' ', 'g'), 60))
+		FROM pg_stat_activity
+		WHERE datname = current_database() AND backend_xid IS NOT NULL AND xact_start < $1
+		  AND application_name <> $2`, since, testAppName)
+	if err != nil {
+		t.Fatalf("read open transactions: %v", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatalf("read open transactions: %v", err)
+	}
+	return out
 }
 
 // rowsUpTo returns the event ids of the orders outbox rows at or before p.
@@ -976,18 +1011,6 @@ func (w *positionWatch) stop() string {
 	}
 	<-w.done
 	return w.back
-}
-
-// firstCommittedAfter returns how long after since the observer first
-// received an event whose commit the client saw after since, or -1.
-func firstCommittedAfter(sc *scenario, since time.Time) time.Duration {
-	commits := sc.traffic.commitTimes()
-	for _, d := range sc.obs.snapshot() {
-		if at, ok := commits[eventKey{d.AggregateID, d.AggregateVersion}]; ok && at.After(since) {
-			return d.At.Sub(since)
-		}
-	}
-	return -1
 }
 
 // fenceWatcher is a queue of the test's own, bound like the observer's,

@@ -60,7 +60,7 @@ func TestChaos_RestoreIntoNewCluster(t *testing.T) {
 	// The old cluster has lived longer than the new one.
 	fresh := nextXID(t, newPG.AdminURL())
 	burned := burnXIDs(t, oldPG.AdminURL(), fresh+xidGap)
-	sc := newScenario(t, 53, "13 database restored into a new cluster",
+	sc := newScenario(t, 180, "18 database restored into a new cluster",
 		stack.Config{Env: stack.Env{AdminDatabaseURL: oldPG.AdminURL()}, OrdersArgs: ordersArgs()})
 	sc.startOrders()
 	sc.startSettlement()

@@ -238,7 +238,7 @@ func (sc *scenario) outboxctlJSON(out any, args ...string) {
 
 func TestChaos_UnstorableMessages(t *testing.T) {
 	t.Parallel()
-	sc := newScenario(t, 40, "13 unstorable consumer messages", stack.Config{OrdersArgs: ordersArgs()})
+	sc := newScenario(t, 130, "13 unstorable consumer messages", stack.Config{OrdersArgs: ordersArgs()})
 	hs := hostileMessages(t)
 	sc.expectSetAside = len(hs)
 	sc.startOrders()
