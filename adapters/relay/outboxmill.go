@@ -318,14 +318,18 @@ func (r *Outboxmill) loadPosition(ctx context.Context) (position, error) {
 // outbox's primary key (transaction_id, offset) and stops at the first row
 // that is not visible yet; pending reports whether there was one.
 func (r *Outboxmill) readBatch(ctx context.Context, pos position) (rows []row, pending bool, err error) {
+	// The snapshot bounds are uncorrelated subqueries, computed once per
+	// read (InitPlans), not once per row: taking a snapshot scans the
+	// server's process array under a lock that committing transactions
+	// take too.
 	// The sort keys are qualified: a bare "transaction_id" in ORDER BY
 	// would name the output column transaction_id::text and sort as text,
 	// putting 1000000 before 999999 (and sorting the whole remaining
 	// outbox instead of scanning the primary key from the position).
 	rs, err := r.db.QueryContext(ctx, `
 		SELECT m.transaction_id::text AS tx, m."offset", m.uuid, m.payload::text,
-		       m.transaction_id < pg_snapshot_xmin(pg_current_snapshot()) AS visible,
-		       m.transaction_id >= pg_snapshot_xmax(pg_current_snapshot()) AS ahead
+		       m.transaction_id < (SELECT pg_snapshot_xmin(pg_current_snapshot())) AS visible,
+		       m.transaction_id >= (SELECT pg_snapshot_xmax(pg_current_snapshot())) AS ahead
 		FROM `+r.config.Outbox.Table()+` m
 		WHERE (m.transaction_id, m."offset") > ($1::xid8, $2::bigint)
 		ORDER BY m.transaction_id, m."offset"
