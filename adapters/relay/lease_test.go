@@ -17,25 +17,7 @@ import (
 func TestLease_AFrozenHolderIsReplacedAndFenced(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testdb.NewOrders(t).DB
-	cfg := Config{Outbox: testdb.Outbox, AMQPURL: "amqp://127.0.0.1:1/", Exchange: "unused",
-		LeaseTimeout: time.Second, StandbyInterval: 50 * time.Millisecond}
-	first, err := NewOutboxmill(db, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	second, err := NewOutboxmill(db, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old, err := first.acquireLease(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pos, err := first.loadPosition(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, first, second, old, pos := holderAndStandby(t)
 	if err := old.check(); err != nil {
 		t.Fatalf("fresh lease: %v", err)
 	}
@@ -77,25 +59,7 @@ func TestLease_AFrozenHolderIsReplacedAndFenced(t *testing.T) {
 func TestLease_AHolderFrozenInsideAnUpdateIsReplaced(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testdb.NewOrders(t).DB
-	cfg := Config{Outbox: testdb.Outbox, AMQPURL: "amqp://127.0.0.1:1/", Exchange: "unused",
-		LeaseTimeout: time.Second, StandbyInterval: 50 * time.Millisecond}
-	first, err := NewOutboxmill(db, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	second, err := NewOutboxmill(db, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	old, err := first.acquireLease(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pos, err := first.loadPosition(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, _, second, old, pos := holderAndStandby(t)
 	close(old.stop)
 	<-old.done
 	// Frozen after the UPDATE, before the COMMIT.
@@ -125,4 +89,31 @@ func TestLease_AHolderFrozenInsideAnUpdateIsReplaced(t *testing.T) {
 		t.Fatalf("position %+v, want %+v: the frozen update must roll back", after, pos)
 	}
 	_ = old.conn.Close()
+}
+
+// holderAndStandby returns two relays on one outbox with a lease timeout of
+// 1 s, the first holding the lease, and the position it loaded.
+func holderAndStandby(t *testing.T) (Config, *Outboxmill, *Outboxmill, *lease, position) {
+	t.Helper()
+	ctx := context.Background()
+	db := testdb.NewOrders(t).DB
+	cfg := Config{Outbox: testdb.Outbox, AMQPURL: "amqp://127.0.0.1:1/", Exchange: "unused",
+		LeaseTimeout: time.Second, StandbyInterval: 50 * time.Millisecond}
+	first, err := NewOutboxmill(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := NewOutboxmill(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := first.acquireLease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pos, err := first.loadPosition(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, first, second, old, pos
 }

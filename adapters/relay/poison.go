@@ -201,18 +201,13 @@ func (r *Outboxmill) forget(pos position) {
 // loadBlocked returns the aggregates of this outbox with rows set aside as
 // poison or held, whose later rows must be held too.
 func (r *Outboxmill) loadBlocked(ctx context.Context) (map[string]uint64, error) {
-	var keys []struct {
-		Type string `db:"aggregate_type"`
-		ID   string `db:"aggregate_id"`
-	}
-	if err := r.db.SelectContext(ctx, &keys, `
-		SELECT DISTINCT coalesce(aggregate_type, '') AS aggregate_type, aggregate_id FROM outbox_set_aside
-		WHERE outbox = $1 AND kind IN ('poison', 'held') AND aggregate_id IS NOT NULL`, r.config.Outbox.Topic); err != nil {
+	keys, err := r.setAsideAggregates(ctx, `kind IN ('poison', 'held')`)
+	if err != nil {
 		return nil, fmt.Errorf("load aggregates held behind set-aside rows: %w", err)
 	}
 	blocked := make(map[string]uint64, len(keys))
 	for _, k := range keys {
-		blocked[k.Type+"\x00"+k.ID] = 0
+		blocked[k] = 0
 	}
 	return blocked, nil
 }
@@ -220,14 +215,24 @@ func (r *Outboxmill) loadBlocked(ctx context.Context) (map[string]uint64, error)
 // requestedReleases returns the aggregates of this outbox with a poison row
 // an operator asked to replay or discard.
 func (r *Outboxmill) requestedReleases(ctx context.Context) ([]string, error) {
+	keys, err := r.setAsideAggregates(ctx, `action IS NOT NULL`)
+	if err != nil {
+		return nil, fmt.Errorf("read requested releases of set-aside rows: %w", err)
+	}
+	return keys, nil
+}
+
+// setAsideAggregates returns the keys of the aggregates of this outbox's
+// set-aside rows that meet cond (SQL on outbox_set_aside).
+func (r *Outboxmill) setAsideAggregates(ctx context.Context, cond string) ([]string, error) {
 	var keys []struct {
 		Type string `db:"aggregate_type"`
 		ID   string `db:"aggregate_id"`
 	}
 	if err := r.db.SelectContext(ctx, &keys, `
 		SELECT DISTINCT coalesce(aggregate_type, '') AS aggregate_type, aggregate_id FROM outbox_set_aside
-		WHERE outbox = $1 AND action IS NOT NULL AND aggregate_id IS NOT NULL`, r.config.Outbox.Topic); err != nil {
-		return nil, fmt.Errorf("read requested releases of set-aside rows: %w", err)
+		WHERE outbox = $1 AND aggregate_id IS NOT NULL AND `+cond, r.config.Outbox.Topic); err != nil {
+		return nil, err
 	}
 	out := make([]string, len(keys))
 	for i, k := range keys {

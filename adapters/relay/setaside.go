@@ -118,7 +118,9 @@ func requestRelease(ctx context.Context, db *sqlx.DB, rec SetAsideRecord, action
 	if err != nil {
 		return rec, fmt.Errorf("request %s of outbox row %d: %w", action, rec.ID, err)
 	}
-	if n, err := res.RowsAffected(); err != nil || n != 1 {
+	if n, err := res.RowsAffected(); err != nil {
+		return rec, fmt.Errorf("request %s of outbox row %d: %w", action, rec.ID, err)
+	} else if n != 1 {
 		return rec, fmt.Errorf("outbox row %d: %w", rec.ID, ErrSetAsideNotFound)
 	}
 	logger.Info("release of a set-aside outbox row requested", "id", rec.ID, "action", action, "outbox", rec.Outbox,

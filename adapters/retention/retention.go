@@ -27,6 +27,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/relay"
 )
 
 // Defaults of Config.
@@ -141,20 +142,20 @@ type Purger struct {
 // outboxctl relay rebase has run.
 var ErrOutboxAhead = errors.New("outbox ahead of the database's transaction ids (restored or moved database): not purging until outboxctl relay rebase")
 
-// checkNotAhead returns ErrOutboxAhead when a position in box's offsets
-// table or the outbox's last row has a transaction id the server has not
-// assigned yet.
-func checkNotAhead(ctx context.Context, conn *sqlx.Conn, box outbox.Config) error {
-	var ahead bool
-	if err := conn.QueryRowxContext(ctx, `
-		SELECT EXISTS (SELECT 1 FROM `+box.OffsetsTable()+`
-		               WHERE last_processed_transaction_id >= pg_snapshot_xmax(pg_current_snapshot()))
-		    OR coalesce((SELECT transaction_id >= pg_snapshot_xmax(pg_current_snapshot()) FROM `+box.Table()+`
-		                 ORDER BY transaction_id DESC LIMIT 1), false)`).Scan(&ahead); err != nil {
-		return fmt.Errorf("check outbox %s against the database's transaction ids: %w", box.Topic, err)
+// checkNotAhead returns ErrOutboxAhead when a relay group's position in
+// box's offsets table, or the outbox's last row, is ahead of the server's
+// transaction ids (relay.CheckPosition).
+func checkNotAhead(ctx context.Context, conn *sqlx.Conn, box outbox.Config, positions []outbox.Position) error {
+	groups := []string{relay.DefaultConsumerGroup} // no position: the rows alone are checked
+	for _, p := range positions {
+		groups = append(groups, p.ConsumerGroup)
 	}
-	if ahead {
-		return fmt.Errorf("outbox %s: %w", box.Topic, ErrOutboxAhead)
+	for _, g := range groups {
+		if err := relay.CheckPosition(ctx, conn, box, g); errors.Is(err, relay.ErrPositionAhead) {
+			return fmt.Errorf("outbox %s: %w: %w", box.Topic, ErrOutboxAhead, err)
+		} else if err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -178,7 +179,7 @@ func NewOutboxPurger(db *sqlx.DB, box outbox.Config, config Config) (*Purger, er
 			if err != nil {
 				return nil, err
 			}
-			if err := checkNotAhead(ctx, conn, box); err != nil {
+			if err := checkNotAhead(ctx, conn, box, positions); err != nil {
 				return nil, err
 			}
 			var lowest outbox.Position // no group: nothing is forwarded
