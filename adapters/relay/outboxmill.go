@@ -70,8 +70,9 @@ type Outboxmill struct {
 	config Config
 	logger *slog.Logger
 
-	mu       sync.Mutex
-	suspects map[position]suspicion // rows the broker closed the connection on
+	mu        sync.Mutex
+	suspects  map[position]suspicion // rows the broker closed the connection on
+	suspected atomic.Int32           // len(suspects), read without mu
 
 	ahead aheadState // position ahead of the database's transaction ids (restore.go)
 

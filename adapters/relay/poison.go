@@ -163,6 +163,9 @@ func (r *Outboxmill) suspect(x row, err *amqp.Error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.suspects[x.pos]
+	if s.attempts == 0 {
+		r.suspected.Add(1)
+	}
 	s.attempts++
 	s.reason = fmt.Sprintf("the broker closed the connection on it %d times: %d %s", s.attempts, err.Code, err.Reason)
 	r.suspects[x.pos] = s
@@ -189,11 +192,16 @@ func (r *Outboxmill) attempts(pos position) int {
 	return max(r.suspects[pos].attempts, 1)
 }
 
-// forget drops what is known of the row at pos, once confirmed.
+// forget drops what is known of the row at pos, once confirmed. It is
+// called for every confirm, and almost always finds no suspect at all.
 func (r *Outboxmill) forget(pos position) {
+	if r.suspected.Load() == 0 {
+		return
+	}
 	r.mu.Lock()
-	if len(r.suspects) > 0 {
+	if _, ok := r.suspects[pos]; ok {
 		delete(r.suspects, pos)
+		r.suspected.Add(-1)
 	}
 	r.mu.Unlock()
 }

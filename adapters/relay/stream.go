@@ -73,7 +73,6 @@ type entry struct {
 	sentAt   time.Time
 	refusals int
 	retryAt  time.Time
-	index    int // in the heap holding it
 
 	// marker: a release of key's set-aside rows, carried out once the rows
 	// held in this stream are stored (seq after).
@@ -262,6 +261,7 @@ func (s *stream) precheck(e *entry) (amqp.Publishing, string) {
 func (s *stream) poison(e *entry, reason string) {
 	e.aside = &aside{kind: AsidePoison, reason: reason, attempts: s.r.attempts(e.pos)}
 	e.state = setAside
+	s.r.forget(e.pos)
 	s.r.config.Metrics.SetAside(1)
 	s.r.logger.Warn("outbox row set aside: the broker cannot take it; later events of its aggregate are held behind it",
 		"event_id", e.msg.UUID, "aggregate", e.key, "topic", e.topic, "reason", reason)
@@ -486,8 +486,8 @@ type byOrder []*entry
 
 func (h byOrder) Len() int           { return len(h) }
 func (h byOrder) Less(i, j int) bool { return h[i].seq < h[j].seq }
-func (h byOrder) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].index = i; h[j].index = j }
-func (h *byOrder) Push(x any)        { e := x.(*entry); e.index = len(*h); *h = append(*h, e) }
+func (h byOrder) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *byOrder) Push(x any)        { *h = append(*h, x.(*entry)) }
 func (h *byOrder) Pop() any {
 	old := *h
 	e := old[len(old)-1]
@@ -500,8 +500,8 @@ type byRetry []*entry
 
 func (h byRetry) Len() int           { return len(h) }
 func (h byRetry) Less(i, j int) bool { return h[i].retryAt.Before(h[j].retryAt) }
-func (h byRetry) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].index = i; h[j].index = j }
-func (h *byRetry) Push(x any)        { e := x.(*entry); e.index = len(*h); *h = append(*h, e) }
+func (h byRetry) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *byRetry) Push(x any)        { *h = append(*h, x.(*entry)) }
 func (h *byRetry) Pop() any {
 	old := *h
 	e := old[len(old)-1]
