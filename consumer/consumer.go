@@ -50,8 +50,6 @@ type Config struct {
 	Listener app.CommitListener
 	// AMQPURL is the broker. Required.
 	AMQPURL string
-	// Exchange is the events exchange (for the router's subscriber).
-	Exchange string
 	// Queues are the handler's lane queues, one per lane. Required.
 	Queues []string
 	// Kind is KindBatch (default) or KindRouter.
@@ -189,7 +187,7 @@ func New(h Handler, cfg Config) (*Consumer, error) {
 	}
 	wmLogger := watermill.NewSlogLogger(cfg.Logger)
 	var err error
-	if c.subscriber, err = wmamqp.NewSubscriber(rabbitmq.SubscriberConfig(cfg.AMQPURL, cfg.Exchange, cfg.Prefetch), wmLogger); err != nil {
+	if c.subscriber, err = wmamqp.NewSubscriber(rabbitmq.SubscriberConfig(cfg.AMQPURL, cfg.Prefetch), wmLogger); err != nil {
 		return nil, fmt.Errorf("consumer %s: subscriber: %w", h.Name, err)
 	}
 	if c.router, err = message.NewRouter(message.RouterConfig{CloseTimeout: cfg.CloseTimeout}, wmLogger); err != nil {

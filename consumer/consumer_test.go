@@ -205,7 +205,7 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	f.returns = f.ch.NotifyReturn(make(chan amqp.Return, 1000))
-	if err := rabbitmq.Declare(ctx, f.url, rabbitmq.Topology{Exchange: f.exchange}); err != nil {
+	if err := rabbitmq.Declare(ctx, f.url, rabbitmq.Topology{Exchanges: []string{f.exchange}}); err != nil {
 		t.Fatal(err)
 	}
 	// Registered after the connection's close, so run before it; consumers
@@ -253,7 +253,7 @@ func (f *fixture) declare(handler string, lanes int, types []string) []string {
 		for shard := range outbox.Shards {
 			if shard%lanes == lane {
 				for _, typ := range types {
-					q.RoutingKeys = append(q.RoutingKeys, fmt.Sprintf("%s.%d", typ, shard))
+					q.Bindings = append(q.Bindings, rabbitmq.Binding{Exchange: f.exchange, RoutingKey: fmt.Sprintf("%s.%d", typ, shard)})
 				}
 			}
 		}
@@ -265,7 +265,7 @@ func (f *fixture) declare(handler string, lanes int, types []string) []string {
 	f.queues = append(f.queues, names...)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	if err := rabbitmq.Declare(ctx, f.url, rabbitmq.Topology{Exchange: f.exchange, Queues: queues}); err != nil {
+	if err := rabbitmq.Declare(ctx, f.url, rabbitmq.Topology{Exchanges: []string{f.exchange}, Queues: queues}); err != nil {
 		f.t.Fatal(err)
 	}
 	return names
@@ -332,7 +332,6 @@ func (f *fixture) config(s spec, queues []string) consumer.Config {
 		Outbox:      s.outbox,
 		Listener:    s.listener,
 		AMQPURL:     f.url,
-		Exchange:    f.exchange,
 		Queues:      queues,
 		Kind:        s.kind,
 		Metrics:     f.metrics.Handler(s.name),

@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"slices"
 	"sort"
+	"unicode/utf8"
 )
 
 // Errors of the event registry. Each is wrapped with the event's type and
@@ -150,7 +151,9 @@ func (r *Registry) NameOf(t reflect.Type) (string, bool) {
 
 // Check reports whether ev may be written: its type is registered, it is at
 // the current schema version, its payload has the declared Go type and
-// validates, and its envelope is complete.
+// validates, and its envelope is complete, its id and aggregate in valid
+// UTF-8 (JSON, which carries events, would replace other bytes, and the
+// event read would differ from the event written).
 func (r *Registry) Check(ev Event) error {
 	t, ok := r.types[ev.Type]
 	if !ok {
@@ -165,6 +168,8 @@ func (r *Registry) Check(ev Event) error {
 		problem = "no event id"
 	case ev.AggregateType == "" || ev.AggregateID == "":
 		problem = "no aggregate type or id"
+	case !utf8.ValidString(ev.ID) || !utf8.ValidString(ev.AggregateType) || !utf8.ValidString(ev.AggregateID):
+		problem = "event id or aggregate is not valid UTF-8"
 	case ev.AggregateVersion < 1:
 		problem = "aggregate version must be at least 1"
 	case ev.OccurredAt.IsZero():

@@ -62,12 +62,12 @@ func Example() {
 	top, _ := set.Topology(module.Names{Namespace: "acme"}, "quorum")
 	fmt.Println("outbox:", shipping.Outbox().Topic)
 	for _, q := range top.Queues {
-		fmt.Println(q.Name, len(q.RoutingKeys), "keys")
+		fmt.Println(q.Name, len(q.Bindings), "bindings on", q.Bindings[0].Exchange)
 	}
 	fmt.Println("unroutable:", top.UnroutableQueue)
 	// Output:
 	// outbox: shipping_outbox
-	// acme.tracking.follow.0 8 keys
-	// acme.tracking.follow.1 8 keys
+	// acme.tracking.follow.0 8 bindings on acme.shipping.events
+	// acme.tracking.follow.1 8 bindings on acme.shipping.events
 	// unroutable: acme.unroutable
 }

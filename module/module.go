@@ -32,8 +32,8 @@ import (
 type Module struct {
 	// Name names the module: its outbox ("<Name>_outbox"), its migration
 	// history ("<Name>_schema_migrations"), its database setting
-	// (-<name>-database-url, env <NAME>_DATABASE_URL). a-z, 0-9 and _,
-	// starting with a letter. Required.
+	// (-<name>-database-url, env <NAME>_DATABASE_URL). 1 to MaxNameLen of
+	// a-z, 0-9 and _, starting with a letter. Required.
 	Name string
 	// Migrations are the module's own tables' migrations (*.sql, applied
 	// in name order, each once).
@@ -80,15 +80,22 @@ type Runtime struct {
 	Logger *slog.Logger
 }
 
+// MaxNameLen is the longest module name: the longest PostgreSQL names made
+// from it, its outbox's offsets table "watermill_offsets_<name>_outbox" and
+// its relay's notification channel "outboxmill_outbox_<name>_outbox", must
+// fit in an identifier (63 bytes). The server would cut a longer table
+// name and refuse a longer channel.
+const MaxNameLen = 38
+
 // Outbox returns the module's outbox.
 func (m Module) Outbox() outbox.Config { return outbox.ForModule(m.Name) }
 
 // Validate checks the module's declaration.
 func (m Module) Validate() error {
 	var errs []error
-	if m.Name == "" || m.Name[0] < 'a' || m.Name[0] > 'z' || len(m.Name) > 40 ||
+	if m.Name == "" || m.Name[0] < 'a' || m.Name[0] > 'z' || len(m.Name) > MaxNameLen ||
 		strings.IndexFunc(m.Name, func(r rune) bool { return !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_') }) >= 0 {
-		errs = append(errs, fmt.Errorf("module name %q: want 1 to 40 of a-z, 0-9 and _, starting with a letter", m.Name))
+		errs = append(errs, fmt.Errorf("module name %q: want 1 to %d of a-z, 0-9 and _, starting with a letter", m.Name, MaxNameLen))
 	}
 	if m.Name == postgres.FrameworkOwner {
 		errs = append(errs, fmt.Errorf("module name %q is the framework's", m.Name))
@@ -201,7 +208,10 @@ type Names struct {
 // DefaultNamespace prefixes the broker objects unless configured otherwise.
 const DefaultNamespace = "outboxmill"
 
-// ValidateNamespace checks that ns is usable in exchange and queue names.
+// ValidateNamespace checks that ns is usable in exchange and queue names:
+// at most 100 of a-z, A-Z, 0-9, '-', '_' and '.', and neither "amq" nor
+// starting with "amq.", since every name made from it starts with ns and
+// a dot, and RabbitMQ refuses to declare names starting with "amq.".
 func ValidateNamespace(ns string) error {
 	if ns == "" {
 		return errors.New("empty namespace")
@@ -211,14 +221,19 @@ func ValidateNamespace(ns string) error {
 	}) >= 0 {
 		return errors.New("namespace may hold at most 100 of a-z, A-Z, 0-9, '-', '_' and '.'")
 	}
+	if ns == "amq" || strings.HasPrefix(ns, "amq.") {
+		return fmt.Errorf("namespace %q: RabbitMQ reserves the names starting with \"amq.\"", ns)
+	}
 	return nil
 }
 
-// Exchange is the topic exchange all events are published to.
-func (n Names) Exchange() string { return n.Namespace + ".events" }
+// Exchange is the topic exchange the module named publishes its events to:
+// "<namespace>.<module>.events". One exchange per publishing module lets a
+// broker user be allowed to publish there and nowhere else.
+func (n Names) Exchange(module string) string { return n.Namespace + "." + module + ".events" }
 
 // Unroutable is the queue that collects events no other queue is bound to
-// (through the events exchange's alternate exchange).
+// (through the events exchanges' alternate exchange, named alike).
 func (n Names) Unroutable() string { return n.Namespace + ".unroutable" }
 
 // Queue is the queue of lane lane of the handler named handler.
@@ -270,29 +285,39 @@ func (s Set) Routes(n Names) ([]Route, error) {
 	return routes, nil
 }
 
-// Topology is the whole broker topology of the set: every handler's lane
-// queues, each with a single active consumer so that several instances share
-// the lanes without reordering them, bound to the routing keys of its
-// events' shards; and the unroutable queue behind the exchange's alternate
-// exchange. queueType (rabbitmq.QueueClassic or QueueQuorum) is the type of
-// every queue, the unroutable one included.
+// Topology is the whole broker topology of the set: the events exchange of
+// every publishing module; every handler's lane queues, each with a single
+// active consumer so that several instances share the lanes without
+// reordering them, bound on the exchange of each event's publisher to the
+// routing keys of its events' shards; and the unroutable queue behind the
+// exchanges' alternate exchange. queueType (rabbitmq.QueueClassic or
+// QueueQuorum) is the type of every queue, the unroutable one included.
 func (s Set) Topology(n Names, queueType string) (rabbitmq.Topology, error) {
 	routes, err := s.Routes(n)
 	if err != nil {
 		return rabbitmq.Topology{}, err
 	}
-	t := rabbitmq.Topology{Exchange: n.Exchange(), UnroutableQueue: n.Unroutable(), UnroutableType: queueType}
+	t := rabbitmq.Topology{UnroutableQueue: n.Unroutable(), UnroutableType: queueType}
+	for _, m := range s {
+		if len(m.Publishes) > 0 {
+			t.Exchanges = append(t.Exchanges, n.Exchange(m.Name))
+		}
+	}
 	for _, r := range routes {
 		for lane, queue := range r.Queues {
-			var keys []string
+			var bindings []rabbitmq.Binding
 			for _, eventType := range r.EventTypes {
+				publisher, ok := s.Publisher(eventType)
+				if !ok {
+					return rabbitmq.Topology{}, fmt.Errorf("handler %s: no module of the set publishes %s", r.Handler, eventType)
+				}
 				for shard := lane; shard < outbox.Shards; shard += len(r.Queues) {
-					keys = append(keys, eventType+"."+strconv.Itoa(shard))
+					bindings = append(bindings, rabbitmq.Binding{Exchange: n.Exchange(publisher.Name), RoutingKey: eventType + "." + strconv.Itoa(shard)})
 				}
 			}
 			t.Queues = append(t.Queues, rabbitmq.Queue{
 				Name:                 queue,
-				RoutingKeys:          keys,
+				Bindings:             bindings,
 				Type:                 queueType,
 				SingleActiveConsumer: true,
 			})

@@ -75,8 +75,9 @@ func TestSet_Topology(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if top.Exchange != "ns.events" || top.UnroutableQueue != "ns.unroutable" || top.AlternateExchange() != "ns.events.unroutable" {
-		t.Errorf("exchange %q, unroutable %q via %q", top.Exchange, top.UnroutableQueue, top.AlternateExchange())
+	// One exchange per publishing module; audit publishes nothing.
+	if strings.Join(top.Exchanges, ",") != "ns.accounts.events" || top.UnroutableQueue != "ns.unroutable" || top.AlternateExchange() != "ns.unroutable" {
+		t.Errorf("exchanges %q, unroutable %q via %q", top.Exchanges, top.UnroutableQueue, top.AlternateExchange())
 	}
 	if len(top.Queues) != 4 {
 		t.Fatalf("%d queues, want one per lane", len(top.Queues))
@@ -88,7 +89,11 @@ func TestSet_Topology(t *testing.T) {
 		if q.Name != names.Queue("audit.log", i) || q.Type != "quorum" || !q.SingleActiveConsumer {
 			t.Errorf("queue %d: %+v", i, q)
 		}
-		for _, key := range q.RoutingKeys {
+		for _, b := range q.Bindings {
+			key := b.RoutingKey
+			if b.Exchange != names.Exchange("accounts") {
+				t.Errorf("queue %s bound on %s, want the publisher's exchange", q.Name, b.Exchange)
+			}
 			if other, dup := seen[key]; dup {
 				t.Errorf("key %s bound to %s and %s", key, other, q.Name)
 			}
@@ -98,7 +103,7 @@ func TestSet_Topology(t *testing.T) {
 	if len(seen) != 2*16 {
 		t.Errorf("%d routing keys bound, want 2 event types x 16 shards", len(seen))
 	}
-	if !top.Routes("AccountClosed.7") || top.Routes("AccountRenamed.7") {
+	if !top.Routes("ns.accounts.events", "AccountClosed.7") || top.Routes("ns.accounts.events", "AccountRenamed.7") || top.Routes("ns.audit.events", "AccountClosed.7") {
 		t.Error("Routes disagrees with the bindings")
 	}
 	routes, err := set.Routes(names)

@@ -43,11 +43,22 @@ type Config struct {
 	// HTTPAddr is the address the process's one HTTP server listens on;
 	// ":0" picks a free port. Default 127.0.0.1:8080.
 	HTTPAddr string
+	// HTTP bounds the HTTP server: its read, write and idle timeouts, header
+	// size and concurrent requests (see httpapi.ServerConfig for the
+	// defaults). Its Logger defaults to Logger.
+	HTTP httpapi.ServerConfig
 	// Namespace prefixes the broker objects; default DefaultNamespace.
 	Namespace string
 	// QueueType is the type of the queues declared (rabbitmq.QueueClassic or
 	// QueueQuorum); default classic.
 	QueueType string
+	// Migrate makes New migrate the databases, create the outboxes and
+	// declare the broker topology, as Migrate does; default true. Off, New
+	// only checks that all of that was done, reading only, and fails with
+	// ErrNotSetUp otherwise: the process can then run under a database role
+	// limited to reading and writing and a broker user that may not
+	// declare.
+	Migrate *bool
 	// Relay runs the relay of each publishing module in this process;
 	// default true.
 	Relay *bool
@@ -102,6 +113,10 @@ func (c *Config) setDefaults() {
 	if c.QueueType == "" {
 		c.QueueType = rabbitmq.QueueClassic
 	}
+	if c.Migrate == nil {
+		on := true
+		c.Migrate = &on
+	}
 	if c.Relay == nil {
 		on := true
 		c.Relay = &on
@@ -134,10 +149,20 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.HTTP.Logger == nil {
+		c.HTTP.Logger = c.Logger
+	}
 }
 
 // Validate checks the configuration, after defaults are applied, against
-// the set.
+// the set. Numeric settings must lie in the ranges the code and the
+// libraries beneath accept: Prefetch 1..65535 (an AMQP prefetch count is
+// 16 bits), MaxBatch 1..Prefetch, Retry.MaxRetries up to 100,
+// RelayPollInterval 1ms..10m, RelayLeaseTimeout 1s..10m, StuckAfter
+// 1s..30 days, the retention and dedup window 1m..10 years, the retention
+// interval 1s..30 days, MaxDBConns up to 262143, ShutdownTimeout up to 1h
+// and Retention.BatchSize up to 100000; the error names a setting by its
+// flag in Main.
 func (c Config) Validate(set Set) error {
 	c.setDefaults()
 	var errs []error
@@ -160,8 +185,14 @@ func (c Config) Validate(set Set) error {
 			errs = append(errs, fmt.Errorf("database URL for unknown module %q", name))
 		}
 	}
+	if err := c.checkPools(set); err != nil {
+		errs = append(errs, err)
+	}
 	if c.AMQPURL == "" {
 		errs = append(errs, errors.New("empty AMQP URL"))
+	}
+	if err := c.HTTP.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := ValidateNamespace(c.Namespace); err != nil {
 		errs = append(errs, err)
@@ -178,17 +209,43 @@ func (c Config) Validate(set Set) error {
 	if c.Consumer == consumer.KindBatch && c.MaxBatch > c.Prefetch && c.Prefetch > 0 {
 		errs = append(errs, fmt.Errorf("batches of %d cannot fill with a prefetch of %d", c.MaxBatch, c.Prefetch))
 	}
-	if c.RelayLeaseTimeout != 0 && (c.RelayLeaseTimeout < time.Second || c.RelayLeaseTimeout > 10*time.Minute) {
-		errs = append(errs, fmt.Errorf("relay lease timeout %s is outside 1s..10m", c.RelayLeaseTimeout))
-	}
-	if c.RelayPollInterval < 0 || c.MaxDBConns < 0 || c.ShutdownTimeout < 0 || c.StuckAfter < 0 || c.Prefetch < 0 || c.MaxBatch < 0 {
-		errs = append(errs, errors.New("durations and sizes must not be negative"))
-	}
+	errs = append(errs, c.checkLimits()...)
 	if err := c.Retry.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := c.Retention.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// checkPools refuses a MaxDBConns that the connections held for good
+// would fill: each relay keeps its lease session, and with RelayNotify a
+// session listening for wake-ups, out of its module's pool, and requests,
+// consumers and retention need at least two more.
+func (c Config) checkPools(set Set) error {
+	if !*c.Relay {
+		return nil
+	}
+	held, modules := map[string]int{}, map[string][]string{}
+	for _, name := range c.Run {
+		m, ok := set.Find(name)
+		if !ok || len(m.Publishes) == 0 {
+			continue
+		}
+		url := c.databaseURL(name)
+		held[url]++
+		if *c.RelayNotify {
+			held[url]++
+		}
+		modules[url] = append(modules[url], name)
+	}
+	var errs []error
+	for url, n := range held {
+		if c.MaxDBConns < n+2 {
+			errs = append(errs, fmt.Errorf("a pool of %d connections is too small for modules %s on one database: their relays hold %d, and at least 2 more are needed (MaxDBConns, or give the modules databases of their own)",
+				c.MaxDBConns, strings.Join(modules[url], ", "), n))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -223,7 +280,8 @@ type Process struct {
 }
 
 // New connects to the databases and the broker, migrates the framework's
-// tables and each module's, declares the whole topology of set, builds the
+// tables and each module's and declares the whole topology of set (or,
+// with Config.Migrate off, checks that this was done), builds the
 // relays, consumers and routes of the modules config.Run names, and listens
 // on HTTPAddr. Run serves.
 func New(ctx context.Context, set Set, config Config) (p *Process, err error) {
@@ -247,12 +305,17 @@ func New(ctx context.Context, set Set, config Config) (p *Process, err error) {
 			return nil, fmt.Errorf("module %s: %w", name, err)
 		}
 	}
-	names := Names{Namespace: config.Namespace}
-	topology, err := set.Topology(names, config.QueueType)
+	if *config.Migrate {
+		err = setUp(ctx, set, config, p.pools)
+	} else {
+		err = checkSetUp(ctx, set, config, p.pools)
+	}
 	if err != nil {
 		return nil, err
 	}
-	if err := rabbitmq.Declare(ctx, config.AMQPURL, topology); err != nil {
+	names := Names{Namespace: config.Namespace}
+	topology, err := set.Topology(names, config.QueueType)
+	if err != nil {
 		return nil, err
 	}
 	reg := metrics.NewRegistry()
@@ -274,11 +337,6 @@ func New(ctx context.Context, set Set, config Config) (p *Process, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("module %s: %w", name, err)
 		}
-		if m.Migrations != nil {
-			if err := postgres.Migrate(ctx, db, m.Name, m.Migrations); err != nil {
-				return nil, err
-			}
-		}
 		if tables[db] == nil {
 			tables[db] = &metrics.Database{DB: db}
 			dbOrder = append(dbOrder, db)
@@ -295,11 +353,8 @@ func New(ctx context.Context, set Set, config Config) (p *Process, err error) {
 		var listener app.CommitListener
 		if len(m.Publishes) > 0 {
 			box := m.Outbox()
-			if err := outbox.Initialize(ctx, db, box); err != nil {
-				return nil, err
-			}
 			tables[db].Outboxes = append(tables[db].Outboxes, box)
-			if listener, err = p.relay(db, box, names, topology, reg); err != nil {
+			if listener, err = p.relay(db, box, names.Exchange(m.Name), topology, reg); err != nil {
 				return nil, fmt.Errorf("module %s: %w", name, err)
 			}
 			if writer, err = outbox.NewWriter(box, p.registry, watermill.NewSlogLogger(config.Logger)); err != nil {
@@ -327,7 +382,7 @@ func New(ctx context.Context, set Set, config Config) (p *Process, err error) {
 		for _, h := range m.Handlers {
 			c, err := consumer.New(h, consumer.Config{
 				DB: db, Registry: p.registry, Outbox: writer, Listener: listener,
-				AMQPURL: config.AMQPURL, Exchange: names.Exchange(), Queues: names.Queues(h),
+				AMQPURL: config.AMQPURL, Queues: names.Queues(h),
 				Kind: config.Consumer, MaxBatch: config.MaxBatch, Prefetch: config.Prefetch,
 				Retry: config.Retry, Metrics: consumerMetrics.Handler(h.Name),
 				CloseTimeout: config.ShutdownTimeout, Logger: config.Logger,
@@ -370,12 +425,18 @@ func New(ctx context.Context, set Set, config Config) (p *Process, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", config.HTTPAddr, err)
 	}
-	httpapi.Register(mux, httpapi.NewReadiness(5*time.Second, config.Logger, checks...), metrics.NewAPI(reg, config.Logger))
-	p.server = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	readiness, err := httpapi.NewReadiness(httpapi.ReadinessConfig{Checks: checks, Logger: config.Logger})
+	if err != nil {
+		return nil, err
+	}
+	httpapi.Register(mux, readiness, metrics.NewAPI(reg, config.Logger))
+	if p.server, err = httpapi.NewServer(mux, config.HTTP); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
-// pool returns the pool of url, opening and migrating it the first time.
+// pool returns the pool of url, opening it the first time.
 func (p *Process) pool(ctx context.Context, url string) (*sqlx.DB, error) {
 	if db, ok := p.pools[url]; ok {
 		return db, nil
@@ -385,9 +446,6 @@ func (p *Process) pool(ctx context.Context, url string) (*sqlx.DB, error) {
 		return nil, err
 	}
 	p.pools[url] = db
-	if err := postgres.MigrateFramework(ctx, db); err != nil {
-		return nil, err
-	}
 	return db, nil
 }
 
@@ -408,7 +466,7 @@ func (p *Process) purger(purger *retention.Purger, err error) (*retention.Purger
 // relay builds the relay of box, when this process runs relays, and returns
 // what a commit of box must wake: that relay in process, and relays of
 // other instances through a notification.
-func (p *Process) relay(db *sqlx.DB, box outbox.Config, names Names, topology rabbitmq.Topology, reg prometheus.Registerer) (app.CommitListener, error) {
+func (p *Process) relay(db *sqlx.DB, box outbox.Config, exchange string, topology rabbitmq.Topology, reg prometheus.Registerer) (app.CommitListener, error) {
 	c := p.config
 	var listeners app.CommitListeners
 	channel := relay.DefaultNotifyChannel + "_" + box.Topic
@@ -420,11 +478,11 @@ func (p *Process) relay(db *sqlx.DB, box outbox.Config, names Names, topology ra
 		relayConfig := relay.Config{
 			Outbox:       box,
 			AMQPURL:      c.AMQPURL,
-			Exchange:     names.Exchange(),
+			Exchange:     exchange,
 			PollInterval: c.RelayPollInterval,
 			LeaseTimeout: c.RelayLeaseTimeout,
 			RequireRoute: func(topic string) bool {
-				routed := topology.Routes(topic)
+				routed := topology.Routes(exchange, topic)
 				if !routed {
 					relayMetrics.Unroutable()
 				}

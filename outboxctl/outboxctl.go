@@ -19,6 +19,8 @@
 // and gets a --<module>-database-url flag (env <MODULE>_DATABASE_URL) per
 // module of its set, beside --database-url (env DATABASE_URL), the default
 // of every module. Databases shared by several modules are opened once.
+// Each URL variable may instead name a file holding the URL (<NAME>_FILE,
+// not both), and a password of a URL never appears in the output.
 //
 // Set-aside IDs name the module whose database holds them: c<N>@<module>
 // for a consumer message (row N of set_aside_messages, in the database of
@@ -98,9 +100,13 @@ Commands:
   unroutable list              count the events in the unroutable queue (no queue was bound
                                to their routing key) and show the first --limit, leaving
                                them queued
-  unroutable replay            publish each event of the unroutable queue again to the
-                               events exchange with its routing key, once: a queue bound
-                               since gets it, the others go back to the unroutable queue
+  unroutable replay            publish each event of the unroutable queue again to its
+                               publisher's events exchange with its routing key, once: a
+                               queue bound since gets it, the others go back to the
+                               unroutable queue
+  permissions                  print the rabbitmqctl command giving a broker user what the
+                               modules of --modules need when they run with -migrate=false:
+                               publish to their own exchanges, read their own queues
 
 Set-aside IDs are c<N>@<module> for consumer messages (in the database of the
 handler's module) and o<N>@<module> for outbox rows (in the publishing module's
@@ -110,8 +116,9 @@ database); c<N> and o<N> alone do when there is only one such database.
 const usageFlags = `
 Flags of every command:
   --database-url URL             database of every module without a URL of its own
-                                 (env DATABASE_URL)
-%s  --amqp-url URL                 RabbitMQ with virtual host (env AMQP_URL)
+                                 (env DATABASE_URL or DATABASE_URL_FILE)
+%s  --amqp-url URL                 RabbitMQ with virtual host (env AMQP_URL or
+                                 AMQP_URL_FILE)
   --namespace NS                 prefix of exchange and queue names (env OUTBOXMILL_NAMESPACE)
   --json                         machine-readable output
 
@@ -122,8 +129,8 @@ Run "outboxctl COMMAND -h" for a command's own flags.
 func usage(set module.Set) string {
 	var b strings.Builder
 	for _, m := range set {
-		fmt.Fprintf(&b, "  %-30s database of module %s (env %s,\n  %30s then DATABASE_URL)\n",
-			"--"+moduleFlag(m.Name)+" URL", m.Name, moduleEnv(m.Name), "")
+		fmt.Fprintf(&b, "  %-30s database of module %s (env %s or\n  %30s %s_FILE, then DATABASE_URL)\n",
+			"--"+moduleFlag(m.Name)+" URL", m.Name, moduleEnv(m.Name), "", moduleEnv(m.Name))
 	}
 	return usageCommands + fmt.Sprintf(usageFlags, b.String())
 }
@@ -149,8 +156,19 @@ var errAttention = errors.New("needs attention")
 
 // Main runs outboxctl over the modules of set with args (without the
 // program name) and returns the exit code.
+//
+// What it writes to stdout and stderr has every control character but
+// newlines and tabs, and every byte of invalid UTF-8, escaped (see
+// escape), so that a stored message cannot drive the terminal it is shown
+// on; JSON output stays valid JSON. The passwords of the database and
+// broker URLs are replaced by xxxxx in all of it, malformed URLs' included.
 func Main(ctx context.Context, set module.Set, args []string, stdout, stderr io.Writer) int {
-	err := run(ctx, set, args, stdout, stderr)
+	out, errOut := &safeWriter{w: stdout}, &safeWriter{w: stderr}
+	defer errOut.Flush()
+	defer out.Flush()
+	secrets := &cli.Secrets{}
+	stdout, stderr = secrets.Writer(out), secrets.Writer(errOut)
+	err := run(ctx, set, args, stdout, stderr, secrets)
 	var ue *usageError
 	switch {
 	case err == nil:
@@ -171,20 +189,22 @@ func Main(ctx context.Context, set module.Set, args []string, stdout, stderr io.
 // command is one command's entry point.
 type command func(ctx context.Context, c *cmdline, args []string) error
 
-// cmdline is what every command gets: the set and the output streams.
+// cmdline is what every command gets: the set, the output streams and the
+// secrets kept out of them.
 type cmdline struct {
 	set            module.Set
 	stdout, stderr io.Writer
+	secrets        *cli.Secrets
 }
 
-func run(ctx context.Context, set module.Set, args []string, stdout, stderr io.Writer) error {
+func run(ctx context.Context, set module.Set, args []string, stdout, stderr io.Writer, secrets *cli.Secrets) error {
 	if err := set.Validate(); err != nil {
 		return fmt.Errorf("module set: %w", err)
 	}
 	if len(set) == 0 {
 		return errors.New("module set: no module")
 	}
-	c := &cmdline{set: set, stdout: stdout, stderr: stderr}
+	c := &cmdline{set: set, stdout: stdout, stderr: stderr, secrets: secrets}
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage(set))
 		return usagef("no command given")
@@ -217,6 +237,8 @@ func run(ctx context.Context, set module.Set, args []string, stdout, stderr io.W
 		}
 	case "purge":
 		f = purge
+	case "permissions":
+		f = permissions
 	case "reconcile":
 		f = reconcileCmd
 	case "relay":
@@ -255,27 +277,37 @@ type options struct {
 	amqpURL     string
 	namespace   string
 	json        bool
+	// envErr is the error of reading a URL from the environment, reported
+	// once the flags are parsed (-h works all the same).
+	envErr error
 
 	stdout, stderr io.Writer
+	secrets        *cli.Secrets
 	logger         *slog.Logger
 	dbs            map[string]*database // by URL
 }
 
 // newFlags returns a flag set for command name with the common flags.
 func (c *cmdline) newFlags(name string) (*flag.FlagSet, *options) {
-	o := &options{set: c.set, stdout: c.stdout, stderr: c.stderr, moduleURLs: map[string]*string{}, dbs: map[string]*database{}}
+	o := &options{set: c.set, stdout: c.stdout, stderr: c.stderr, secrets: c.secrets, moduleURLs: map[string]*string{}, dbs: map[string]*database{}}
 	fs := flag.NewFlagSet("outboxctl "+name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // parse reports errors itself
-	o.databaseURL = cli.Env("DATABASE_URL", cli.DefaultDatabaseURL)
-	fs.Var(cli.NewSecretURL(&o.databaseURL), "database-url", "PostgreSQL `URL` of every module without a URL of its own (env DATABASE_URL)")
+	secretEnv := func(key, def string) string {
+		v, err := cli.SecretEnv(key, def)
+		o.envErr = errors.Join(o.envErr, err)
+		o.secrets.Hide(v)
+		return v
+	}
+	o.databaseURL = secretEnv("DATABASE_URL", cli.DefaultDatabaseURL)
+	fs.Var(cli.NewSecretURL(&o.databaseURL), "database-url", "PostgreSQL `URL` of every module without a URL of its own (env DATABASE_URL or DATABASE_URL_FILE)")
 	for _, m := range c.set {
-		u := cli.Env(moduleEnv(m.Name), "")
+		u := secretEnv(moduleEnv(m.Name), "")
 		o.moduleURLs[m.Name] = &u
 		fs.Var(cli.NewSecretURL(&u), moduleFlag(m.Name),
-			fmt.Sprintf("PostgreSQL `URL` of module %s (env %s; default --database-url)", m.Name, moduleEnv(m.Name)))
+			fmt.Sprintf("PostgreSQL `URL` of module %s (env %s or %s_FILE; default --database-url)", m.Name, moduleEnv(m.Name), moduleEnv(m.Name)))
 	}
-	o.amqpURL = cli.Env("AMQP_URL", cli.DefaultAMQPURL)
-	fs.Var(cli.NewSecretURL(&o.amqpURL), "amqp-url", "RabbitMQ `URL` with virtual host (env AMQP_URL)")
+	o.amqpURL = secretEnv("AMQP_URL", cli.DefaultAMQPURL)
+	fs.Var(cli.NewSecretURL(&o.amqpURL), "amqp-url", "RabbitMQ `URL` with virtual host (env AMQP_URL or AMQP_URL_FILE)")
 	fs.StringVar(&o.namespace, "namespace", cli.Env("OUTBOXMILL_NAMESPACE", module.DefaultNamespace), "prefix of exchange and queue names (env OUTBOXMILL_NAMESPACE)")
 	fs.BoolVar(&o.json, "json", false, "print JSON instead of tables")
 	o.logger = slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -306,6 +338,13 @@ func parse(fs *flag.FlagSet, o *options, args []string, nargs int, what string) 
 		}
 		positional = append(positional, fs.Arg(0))
 		args = fs.Args()[1:]
+	}
+	if o.envErr != nil {
+		return nil, o.envErr
+	}
+	o.secrets.Hide(o.databaseURL, o.amqpURL)
+	for _, u := range o.moduleURLs {
+		o.secrets.Hide(*u)
 	}
 	if nargs >= 0 && len(positional) != nargs {
 		if nargs == 0 {
@@ -494,13 +533,4 @@ func displayName(raw string) string {
 		host += ":" + kv["port"]
 	}
 	return host + "/" + kv["dbname"]
-}
-
-// oneLine shortens s to one line of at most n characters for a table cell.
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len([]rune(s)) > n {
-		return string([]rune(s)[:n-1]) + "…"
-	}
-	return s
 }

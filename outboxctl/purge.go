@@ -40,7 +40,7 @@ func purge(ctx context.Context, c *cmdline, args []string) error {
 	fs.DurationVar(&policy.OutboxRetention, "outbox-retention", outboxRetention, "purge forwarded outbox rows older than this (env OUTBOX_RETENTION)")
 	fs.DurationVar(&policy.DedupWindow, "dedup-window", dedupWindow, "purge dedup markers older than this; must exceed --outbox-retention (env DEDUP_WINDOW)")
 	dryRun := fs.Bool("dry-run", false, "count what would be purged, delete nothing")
-	fs.IntVar(&policy.BatchSize, "batch-size", retention.DefaultBatchSize, "rows deleted per statement")
+	fs.IntVar(&policy.BatchSize, "batch-size", retention.DefaultBatchSize, fmt.Sprintf("rows deleted per statement, 1..%d", maxPurgeBatch))
 	// The modules' own settings, so that their rules purge what the
 	// services no longer honour (-idempotency-key-window, say).
 	if err := module.DefineFlags(fs, o.set); err != nil {
@@ -49,8 +49,16 @@ func purge(ctx context.Context, c *cmdline, args []string) error {
 	if _, err := parse(fs, o, args, 0, ""); err != nil {
 		return err
 	}
-	if policy.BatchSize <= 0 {
-		return usagef("--batch-size must be positive")
+	// A zero would mean the retention package's default: refused, like
+	// any value out of range.
+	for _, err := range []error{
+		inRange("batch-size", policy.BatchSize, 1, maxPurgeBatch),
+		positive("outbox-retention", policy.OutboxRetention),
+		positive("dedup-window", policy.DedupWindow),
+	} {
+		if err != nil {
+			return err
+		}
 	}
 	if err := policy.Validate(); err != nil {
 		return usagef("%v", err)
@@ -143,7 +151,7 @@ func printPurge(w io.Writer, results []PurgeJSON, dryRun bool) error {
 		case r.Held > 0:
 			note = "held: rows no relay has forwarded yet"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", r.Table, strings.Join(r.Modules, ","), r.Database, r.OlderThan, r.Purged, r.Batches, r.Held, note)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\n", r.Table, strings.Join(r.Modules, ","), cell(r.Database), r.OlderThan, r.Purged, r.Batches, r.Held, note)
 	}
 	return tw.Flush()
 }

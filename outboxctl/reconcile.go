@@ -102,11 +102,11 @@ func reconcileCmd(ctx context.Context, c *cmdline, args []string) error {
 	if _, err := parse(fs, o, args, 0, ""); err != nil {
 		return err
 	}
-	if *olderThan < 0 {
-		return usagef("--older-than must not be negative")
+	if err := notNegative("older-than", *olderThan); err != nil {
+		return err
 	}
-	if *window <= 0 {
-		return usagef("--outbox-retention must be positive")
+	if err := positive("outbox-retention", *window); err != nil {
+		return err
 	}
 	defer o.close()
 	dbs, err := o.openAll(ctx, func(m module.Module) bool { return withEither(m) || len(m.Reconcile) > 0 })
@@ -270,8 +270,8 @@ func printReport(w io.Writer, r ReconcileJSON) {
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "  EVENT ID\tTYPE\tFROM\tHANDLER\tCOMMITTED AT\tAGE\tSTATE")
 		for _, m := range r.Missing {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.EventID, m.EventType, m.Publisher, m.Handler,
-				m.CommittedAt.UTC().Format(time.RFC3339), roundAge(m.Age), m.State)
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", oneLine(m.EventID, 80), oneLine(m.EventType, 60), m.Publisher, oneLine(m.Handler, 60),
+				m.CommittedAt.UTC().Format(time.RFC3339), roundAge(m.Age), oneLine(m.State, 40))
 		}
 		tw.Flush()
 	}
@@ -280,8 +280,8 @@ func printReport(w io.Writer, r ReconcileJSON) {
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "  EVENT ID\tHANDLER\tSTATE\tTYPE\tAGGREGATE\tAT\tREASON")
 		for _, u := range r.Unknown {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(u.EventID), u.Handler, u.State, orDash(u.EventType), orDash(u.AggregateID),
-				u.At.UTC().Format(time.RFC3339), orDash(oneLine(u.Reason, 70)))
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(oneLine(u.EventID, 80)), oneLine(u.Handler, 60), oneLine(u.State, 40),
+				orDash(oneLine(u.EventType, 60)), orDash(oneLine(u.AggregateID, 60)), u.At.UTC().Format(time.RFC3339), orDash(oneLine(u.Reason, 70)))
 		}
 		tw.Flush()
 	}
@@ -290,7 +290,8 @@ func printReport(w io.Writer, r ReconcileJSON) {
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "  MODULE\tCHECK\tKEY\tPROBLEM\tRECORDED AT\tDETAIL")
 		for _, f := range r.Findings {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", f.Module, f.Check, f.Key, f.Problem, f.RecordedAt.UTC().Format(time.RFC3339), f.Detail)
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", f.Module, f.Check, oneLine(f.Key, 80), oneLine(f.Problem, 60),
+				f.RecordedAt.UTC().Format(time.RFC3339), oneLine(f.Detail, 200))
 		}
 		tw.Flush()
 	}
@@ -299,8 +300,8 @@ func printReport(w io.Writer, r ReconcileJSON) {
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "  EVENT ID\tTYPE\tHANDLER\tFROM OUTBOX\tCOMMITTED\tDISCARDED AT\tBY\tREASON")
 		for _, d := range r.Discarded {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%v\t%s\t%s\t%s\n", orDash(d.EventID), orDash(d.EventType), d.Handler, orDash(d.Outbox), d.Committed,
-				d.DiscardedAt.UTC().Format(time.RFC3339), d.DiscardedBy, oneLine(d.Reason, 60))
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%v\t%s\t%s\t%s\n", orDash(oneLine(d.EventID, 80)), orDash(oneLine(d.EventType, 60)), oneLine(d.Handler, 60),
+				orDash(oneLine(d.Outbox, 60)), d.Committed, d.DiscardedAt.UTC().Format(time.RFC3339), oneLine(d.DiscardedBy, 60), oneLine(d.Reason, 60))
 		}
 		tw.Flush()
 	}

@@ -27,12 +27,15 @@ func relayRebase(ctx context.Context, c *cmdline, args []string) error {
 	fs, o := c.newFlags("relay rebase")
 	dryRun := fs.Bool("dry-run", false, "show what would change, change nothing")
 	only := fs.String("module", "", "rebase only the outbox of module `NAME`")
-	lockTimeout := fs.Duration("lock-timeout", relay.DefaultRebaseLockTimeout, "how long to try to take the relay locks")
+	lockTimeout := fs.Duration("lock-timeout", relay.DefaultRebaseLockTimeout, "how long to try to take the relay locks, at most "+maxLockTimeout.String())
 	if _, err := parse(fs, o, args, 0, ""); err != nil {
 		return err
 	}
-	if *lockTimeout <= 0 {
-		return usagef("--lock-timeout must be positive")
+	if err := positive("lock-timeout", *lockTimeout); err != nil {
+		return err
+	}
+	if err := atMost("lock-timeout", *lockTimeout, maxLockTimeout); err != nil {
+		return err
 	}
 	if *only != "" {
 		m, ok := o.set.Find(*only)
@@ -77,7 +80,7 @@ func printRebase(w io.Writer, results []RebaseJSON) error {
 		if i > 0 {
 			fmt.Fprintln(w)
 		}
-		where := fmt.Sprintf("outbox %s (module %s, %s)", r.Outbox, r.Module, r.Database)
+		where := fmt.Sprintf("outbox %s (module %s, %s)", r.Outbox, r.Module, cell(r.Database))
 		if !r.Changed() {
 			fmt.Fprintf(w, "%s: nothing ahead of the next transaction id %d; nothing changed\n", where, r.NextTransactionID)
 			continue
@@ -100,7 +103,7 @@ func printRebase(w io.Writer, results []RebaseJSON) error {
 			default:
 				note = "unchanged"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", g.ConsumerGroup, positionText(g.Old), positionText(g.New), g.Backlog, g.Resend, note)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", oneLine(g.ConsumerGroup, 80), positionText(g.Old), positionText(g.New), g.Backlog, g.Resend, note)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

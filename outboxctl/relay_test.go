@@ -100,7 +100,7 @@ func newRestoreRig(t *testing.T) *restoreRig {
 	if _, err := ch.QueueDeclare(queue, false, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := ch.QueueBind(queue, "#", names.Exchange(), false, nil); err != nil {
+	if err := ch.QueueBind(queue, "#", names.Exchange(warehouse().Name), false, nil); err != nil {
 		t.Fatal(err)
 	}
 	got, err := ch.Consume(queue, "", true, false, false, false, nil)
@@ -391,7 +391,7 @@ func TestRelayRebase_AfterRestoreIntoANewCluster(t *testing.T) {
 	items := []string{"item-0", "item-1", "item-2", "item-3", "item-4", "item-5"}
 	forwarded := rig.writeConcurrently(src, items, 1, 4)
 	srcRelay, err := relay.NewOutboxmill(src, relay.Config{
-		Outbox: box, AMQPURL: testenv.FromEnvironment().AMQPURL, Exchange: rig.names.Exchange(),
+		Outbox: box, AMQPURL: testenv.FromEnvironment().AMQPURL, Exchange: rig.names.Exchange(warehouse().Name),
 		PollInterval: 50 * time.Millisecond, RetryInterval: 50 * time.Millisecond, StandbyInterval: 20 * time.Millisecond,
 		Logger: slog.New(slog.DiscardHandler),
 	})
@@ -496,7 +496,7 @@ func TestRelayRebase_AfterRestoreIntoANewCluster(t *testing.T) {
 	waitUntil(t, "the process to be unready", func() bool {
 		status, body := getBody(t, base+"/readyz")
 		return status == http.StatusServiceUnavailable && json.Unmarshal([]byte(body), &ready) == nil &&
-			strings.Contains(ready.Checks[check], "outboxctl relay rebase")
+			ready.Checks[check] == httpapi.CheckUnavailable
 	})
 	if _, body := getBody(t, base+"/metrics"); !strings.Contains(body, `outboxmill_relay_position_ahead{outbox="`+box.Topic+`"} 1`) {
 		t.Errorf("/metrics while ahead lacks the position-ahead gauge at 1:\n%s", grepLines(body, "position_ahead"))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"strconv"
 	"strings"
@@ -441,7 +442,7 @@ func setAsideList(ctx context.Context, c *cmdline, args []string) error {
 	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSOURCE\tHANDLER\tMESSAGE ID\tATTEMPTS\tSET ASIDE AT\tHELD UNTIL\tREASON")
 	for _, e := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", e.ID, e.Source, e.Handler, orDash(e.MessageID),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", cell(e.ID), e.Source, oneLine(e.Handler, 60), orDash(oneLine(e.MessageID, 80)),
 			e.Attempts, e.SetAsideAt.Format(time.RFC3339), heldUntil(e), oneLine(e.Reason, 70))
 	}
 	return tw.Flush()
@@ -501,6 +502,7 @@ func get(ctx context.Context, o *options, raw string) (SetAsideJSON, error) {
 
 func setAsideShow(ctx context.Context, c *cmdline, args []string) error {
 	fs, o := c.newFlags("set-aside show")
+	full := fs.Bool("full", false, fmt.Sprintf("print the payload and every field in full, not only their first %d KiB (still escaped)", shownBytes>>10))
 	pos, err := parse(fs, o, args, 1, "one set-aside ID")
 	if err != nil {
 		return err
@@ -513,25 +515,37 @@ func setAsideShow(ctx context.Context, c *cmdline, args []string) error {
 	if o.json {
 		return writeJSON(c.stdout, e)
 	}
-	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "id\t%s\n", e.ID)
+	limit := shownBytes
+	if *full {
+		limit = -1
+	}
+	return printSetAside(c.stdout, e, limit)
+}
+
+// printSetAside prints set-aside event e for a person: every stored string
+// escaped (see escape), and of the payload, the reason, each metadata value
+// and the raw message id their first limit bytes only, unless limit is
+// negative.
+func printSetAside(w io.Writer, e SetAsideJSON, limit int) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "id\t%s\n", cell(e.ID))
 	fmt.Fprintf(tw, "source\t%s\n", e.Source)
 	fmt.Fprintf(tw, "module\t%s\n", e.Module)
-	fmt.Fprintf(tw, "handler\t%s\n", e.Handler)
-	fmt.Fprintf(tw, "message id\t%s\n", orDash(e.MessageID))
+	fmt.Fprintf(tw, "handler\t%s\n", bounded(e.Handler, limit))
+	fmt.Fprintf(tw, "message id\t%s\n", orDash(bounded(e.MessageID, limit)))
 	if e.RawMessageID != nil {
-		fmt.Fprintf(tw, "raw message id\t%d bytes, not text an index holds; hex: %x\n", len(e.RawMessageID), e.RawMessageID)
+		fmt.Fprintf(tw, "raw message id\t%d bytes, not text an index holds: %s\n", len(e.RawMessageID), bounded(string(e.RawMessageID), limit))
 	}
-	fmt.Fprintf(tw, "topic\t%s\n", e.Topic)
+	fmt.Fprintf(tw, "topic\t%s\n", bounded(e.Topic, limit))
 	fmt.Fprintf(tw, "attempts\t%d\n", e.Attempts)
 	fmt.Fprintf(tw, "set aside at\t%s\n", e.SetAsideAt.Format(time.RFC3339Nano))
 	if e.HeldUntil != nil {
 		fmt.Fprintf(tw, "held until\t%s\n", heldUntil(e))
-		fmt.Fprintf(tw, "waits for\t%s %s version %d\n", e.AggregateType, e.AggregateID, e.AggregateVersion-1)
+		fmt.Fprintf(tw, "waits for\t%s %s version %d\n", bounded(e.AggregateType, limit), bounded(e.AggregateID, limit), e.AggregateVersion-1)
 	}
-	fmt.Fprintf(tw, "reason\t%s\n", e.Reason)
+	fmt.Fprintf(tw, "reason\t%s\n", bounded(e.Reason, limit))
 	for _, k := range sortedKeys(e.Metadata) {
-		fmt.Fprintf(tw, "metadata %s\t%s\n", k, e.Metadata[k])
+		fmt.Fprintf(tw, "metadata %s\t%s\n", bounded(k, limit), bounded(e.Metadata[k], limit))
 	}
 	if e.MetadataMadeSafe {
 		fmt.Fprintf(tw, "metadata made safe\tsome keys or values were not text; replay sends them as received\n")
@@ -539,10 +553,35 @@ func setAsideShow(ctx context.Context, c *cmdline, args []string) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if e.PayloadText != "" {
-		fmt.Fprintf(c.stdout, "payload (%d bytes):\n%s\n", len(e.Payload), e.PayloadText)
-	} else {
-		fmt.Fprintf(c.stdout, "payload (%d bytes, not UTF-8; hex):\n%x\n", len(e.Payload), e.Payload)
+	return printPayload(w, e.Payload, limit)
+}
+
+// printPayload prints payload for a person: as text, escaped but for its
+// newlines and tabs, each of its lines indented so that none can pass for
+// one of outboxctl's own, its first limit bytes only unless limit is
+// negative, under a line that says how long it is, whether it is UTF-8 and
+// whether something in it is shown escaped.
+func printPayload(w io.Writer, payload []byte, limit int) error {
+	shown, left := head(payload, limit)
+	text := block(string(shown))
+	escaped := text != string(shown)
+	text = "  " + strings.ReplaceAll(text, "\n", "\n  ")
+	var what string
+	switch {
+	case !utf8.Valid(payload):
+		what = `, not UTF-8: bytes that are not, and control characters, shown escaped (\xNN, \uNNNN)`
+	case escaped:
+		what = `, UTF-8; control characters shown escaped (\xNN, \uNNNN)`
+	}
+	if left > 0 {
+		what += fmt.Sprintf("; the first %d shown", len(shown))
+	}
+	if _, err := fmt.Fprintf(w, "payload (%d bytes%s):\n%s\n", len(payload), what, text); err != nil {
+		return err
+	}
+	if left > 0 {
+		_, err := fmt.Fprintf(w, "... %d more bytes not shown (set-aside show -full shows them all, --json as base64)\n", left)
+		return err
 	}
 	return nil
 }
@@ -660,11 +699,11 @@ func setAsideReplay(ctx context.Context, c *cmdline, args []string) error {
 		}
 		switch {
 		case res.Error != "":
-			fmt.Fprintf(c.stdout, "failed %s: %s\n", res.ID, res.Error)
+			fmt.Fprintf(c.stdout, "failed %s: %s\n", cell(res.ID), cell(res.Error))
 		case res.Skipped != "":
-			fmt.Fprintf(c.stdout, "skipped %s: %s\n", res.ID, res.Skipped)
+			fmt.Fprintf(c.stdout, "skipped %s: %s\n", cell(res.ID), cell(res.Skipped))
 		default:
-			fmt.Fprintln(c.stdout, res.Result)
+			fmt.Fprintln(c.stdout, cell(res.Result))
 		}
 	}
 	// The events to replay, in list order; a held one is reported skipped
@@ -758,7 +797,7 @@ func setAsideDiscard(ctx context.Context, c *cmdline, args []string) error {
 	if o.json {
 		return writeJSON(c.stdout, e)
 	}
-	fmt.Fprintf(c.stdout, "discarded %s: message %s of %s (%s)\n", e.ID, orDash(e.MessageID), e.Handler, oneLine(e.Reason, 70))
+	fmt.Fprintf(c.stdout, "discarded %s: message %s of %s (%s)\n", cell(e.ID), orDash(oneLine(e.MessageID, 80)), oneLine(e.Handler, 60), oneLine(e.Reason, 70))
 	return nil
 }
 

@@ -102,8 +102,8 @@ func status(ctx context.Context, c *cmdline, args []string) error {
 	if _, err := parse(fs, o, args, 0, ""); err != nil {
 		return err
 	}
-	if *stuckAfter < 0 {
-		return usagef("--stuck-after must not be negative")
+	if err := notNegative("stuck-after", *stuckAfter); err != nil {
+		return err
 	}
 	defer o.close()
 	dbs, err := o.openAll(ctx, withEither)
@@ -210,7 +210,7 @@ func status(ctx context.Context, c *cmdline, args []string) error {
 func printStatus(w io.Writer, st StatusJSON, stuckAfter time.Duration) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	for _, ob := range st.Outboxes {
-		fmt.Fprintf(tw, "OUTBOX %s (module %s, database %s)\n", ob.Outbox, ob.Module, ob.Database)
+		fmt.Fprintf(tw, "OUTBOX %s (module %s, database %s)\n", ob.Outbox, ob.Module, cell(ob.Database))
 		fmt.Fprintf(tw, "  backlog\t%d\n", ob.Backlog)
 		if ob.OldestUnforwardedAt != nil {
 			fmt.Fprintf(tw, "  oldest unforwarded\t%s (committed %s)\n", roundAge(ob.OldestUnforwardedAge), ob.OldestUnforwardedAt.UTC().Format(time.RFC3339))
@@ -225,13 +225,13 @@ func printStatus(w io.Writer, st StatusJSON, stuckAfter time.Duration) {
 		}
 		for _, p := range ob.Positions {
 			if p.ConsumerGroup != ob.ConsumerGroup {
-				fmt.Fprintf(tw, "  other group %s\ttransaction %d, offset %d\n", p.ConsumerGroup, p.TransactionID, p.Offset)
+				fmt.Fprintf(tw, "  other group %s\ttransaction %d, offset %d\n", oneLine(p.ConsumerGroup, 80), p.TransactionID, p.Offset)
 			}
 		}
 		fmt.Fprintf(tw, "  set-aside rows\t%d\n", ob.SetAside)
 	}
 	for _, d := range st.Databases {
-		fmt.Fprintf(tw, "DATABASE %s (modules %s)\n", d.Database, strings.Join(d.Modules, ", "))
+		fmt.Fprintf(tw, "DATABASE %s (modules %s)\n", cell(d.Database), strings.Join(d.Modules, ", "))
 		fmt.Fprintf(tw, "  oldest open transaction on its server\t%s\n", describeTx(d.OldestTransaction))
 		fmt.Fprintf(tw, "  oldest writing transaction on its server\t%s\n", describeTx(d.OldestWritingTransaction))
 	}
@@ -250,7 +250,7 @@ func printStatus(w io.Writer, st StatusJSON, stuckAfter time.Duration) {
 	tw.Flush()
 	switch {
 	case st.BrokerError != "":
-		fmt.Fprintf(w, "  (queue depths unavailable: %s)\n", st.BrokerError)
+		fmt.Fprintf(w, "  (queue depths unavailable: %s)\n", cell(st.BrokerError))
 	case st.Unroutable == nil:
 		fmt.Fprintf(w, "UNROUTABLE %s: no such queue\n", st.UnroutableQueue)
 	case *st.Unroutable > 0:
@@ -265,7 +265,7 @@ func printStatus(w io.Writer, st StatusJSON, stuckAfter time.Duration) {
 	}
 	for _, ob := range st.Outboxes {
 		if ob.Ahead != "" {
-			fmt.Fprintf(w, "AHEAD: %s\n", ob.Ahead)
+			fmt.Fprintf(w, "AHEAD: %s\n", cell(ob.Ahead))
 		}
 		if ob.Stuck == 0 {
 			continue
@@ -274,7 +274,7 @@ func printStatus(w io.Writer, st StatusJSON, stuckAfter time.Duration) {
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "  EVENT ID\tTYPE\tAGE")
 		for _, e := range ob.StuckEvents {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\n", e.EventID, e.EventType, roundAge(e.Age))
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", oneLine(e.EventID, 80), oneLine(e.EventType, 60), roundAge(e.Age))
 		}
 		tw.Flush()
 	}
@@ -284,7 +284,7 @@ func describeTx(t *postgres.OpenTransaction) string {
 	if t == nil {
 		return "none"
 	}
-	return fmt.Sprintf("%s (pid %d, database %s, user %s, %s)", roundAge(t.Age), t.PID, t.Database, t.User, t.State)
+	return fmt.Sprintf("%s (pid %d, database %s, user %s, %s)", roundAge(t.Age), t.PID, oneLine(t.Database, 64), oneLine(t.User, 64), oneLine(t.State, 32))
 }
 
 // roundAge rounds d for reading.

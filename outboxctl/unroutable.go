@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -16,9 +17,9 @@ import (
 
 // UnroutableJSON is the output of "unroutable list --json".
 type UnroutableJSON struct {
-	// Queue is the unroutable queue, Exchange the events exchange.
-	Queue    string `json:"queue"`
-	Exchange string `json:"exchange"`
+	// Queue is the unroutable queue; each message names the exchange it
+	// was published to.
+	Queue string `json:"queue"`
 	// Messages counts the queue's ready messages.
 	Messages int `json:"messages"`
 	// Shown are the first of them (--limit), left in the queue.
@@ -45,8 +46,12 @@ type UnroutableMessage struct {
 
 // UnroutableReplayJSON is the output of "unroutable replay --json".
 type UnroutableReplayJSON struct {
-	Queue    string `json:"queue"`
-	Exchange string `json:"exchange"`
+	Queue string `json:"queue"`
+	// Exchanges are the exchanges the messages were published to again:
+	// each message goes to the exchange of its event type's publisher in
+	// the set, or, for a type the set does not publish, back to the
+	// exchange it was first published to.
+	Exchanges []string `json:"exchanges"`
 	// Seen counts the queue's messages when the replay started: it moves
 	// that many at most, so that the ones still unroutable, back in the
 	// queue, are not moved again.
@@ -61,7 +66,7 @@ type UnroutableReplayJSON struct {
 }
 
 // summarise describes a delivery of the unroutable queue.
-func summarise(d amqp.Delivery, routed func(string) bool) UnroutableMessage {
+func summarise(d amqp.Delivery, b *broker) UnroutableMessage {
 	header := func(k string) string {
 		if v, ok := d.Headers[k]; ok {
 			return fmt.Sprint(v)
@@ -72,7 +77,6 @@ func summarise(d amqp.Delivery, routed func(string) bool) UnroutableMessage {
 		RoutingKey: d.RoutingKey, Exchange: d.Exchange, MessageID: header(wmamqp.DefaultMessageUUIDHeaderKey),
 		EventType: header(outbox.MetaEventType), AggregateID: header(outbox.MetaAggregateID),
 		OccurredAt: header(outbox.MetaOccurredAt), Bytes: len(d.Body), Redelivered: d.Redelivered,
-		RoutedBySet: routed(d.RoutingKey),
 	}
 	if m.MessageID == "" {
 		m.MessageID = d.MessageId
@@ -84,16 +88,34 @@ func summarise(d amqp.Delivery, routed func(string) bool) UnroutableMessage {
 			m.EventType = d.RoutingKey
 		}
 	}
+	m.RoutedBySet = b.routed(b.exchangeOf(d), d.RoutingKey)
 	return m
 }
 
 // broker is a channel on the broker and what the unroutable commands need.
 type broker struct {
-	conn     *amqp.Connection
-	ch       *amqp.Channel
-	queue    string
-	exchange string
-	routed   func(string) bool
+	conn   *amqp.Connection
+	ch     *amqp.Channel
+	queue  string
+	routed func(exchange, routingKey string) bool
+	// publisherExchange returns the exchange the set publishes an event
+	// type to, or "" when no module of the set publishes it.
+	publisherExchange func(eventType string) string
+}
+
+// exchangeOf returns the exchange a replay publishes d to: its event type's
+// publisher's in the set, else the one it was first published to.
+func (b *broker) exchangeOf(d amqp.Delivery) string {
+	eventType := d.RoutingKey
+	if v, ok := d.Headers[outbox.MetaEventType].(string); ok && v != "" {
+		eventType = v
+	} else if i := strings.LastIndexByte(d.RoutingKey, '.'); i > 0 {
+		eventType = d.RoutingKey[:i]
+	}
+	if x := b.publisherExchange(eventType); x != "" {
+		return x
+	}
+	return d.Exchange
 }
 
 func (o *options) broker(ctx context.Context) (*broker, error) {
@@ -110,7 +132,14 @@ func (o *options) broker(ctx context.Context) (*broker, error) {
 		_ = conn.Close()
 		return nil, fmt.Errorf("open channel: %w", err)
 	}
-	return &broker{conn: conn, ch: ch, queue: o.names().Unroutable(), exchange: o.names().Exchange(), routed: topology.Routes}, nil
+	names := o.names()
+	return &broker{conn: conn, ch: ch, queue: names.Unroutable(), routed: topology.Routes,
+		publisherExchange: func(eventType string) string {
+			if m, ok := o.set.Publisher(eventType); ok {
+				return names.Exchange(m.Name)
+			}
+			return ""
+		}}, nil
 }
 
 func (b *broker) close() { _ = b.conn.Close() }
@@ -130,19 +159,19 @@ func (b *broker) depth() (int, error) {
 
 func unroutableList(ctx context.Context, c *cmdline, args []string) error {
 	fs, o := c.newFlags("unroutable list")
-	limit := fs.Int("limit", 10, "show the first this many messages (0: count only); they stay in the queue")
+	limit := fs.Int("limit", 10, fmt.Sprintf("show the first this many messages, 0..%d (0: count only); they stay in the queue", maxUnroutableShown))
 	if _, err := parse(fs, o, args, 0, ""); err != nil {
 		return err
 	}
-	if *limit < 0 {
-		return usagef("--limit must not be negative")
+	if err := inRange("limit", *limit, 0, maxUnroutableShown); err != nil {
+		return err
 	}
 	b, err := o.broker(ctx)
 	if err != nil {
 		return err
 	}
 	defer b.close()
-	out := UnroutableJSON{Queue: b.queue, Exchange: b.exchange, Shown: []UnroutableMessage{}}
+	out := UnroutableJSON{Queue: b.queue, Shown: []UnroutableMessage{}}
 	if out.Messages, err = b.depth(); err != nil {
 		return err
 	}
@@ -158,7 +187,7 @@ func unroutableList(ctx context.Context, c *cmdline, args []string) error {
 			break
 		}
 		last = d.DeliveryTag
-		out.Shown = append(out.Shown, summarise(d, b.routed))
+		out.Shown = append(out.Shown, summarise(d, b))
 	}
 	if last > 0 {
 		if err := b.ch.Nack(last, true, true); err != nil {
@@ -168,7 +197,7 @@ func unroutableList(ctx context.Context, c *cmdline, args []string) error {
 	if o.json {
 		return writeJSON(c.stdout, out)
 	}
-	fmt.Fprintf(c.stdout, "QUEUE %s: %d events no queue was bound to when they were published to %s\n", out.Queue, out.Messages, out.Exchange)
+	fmt.Fprintf(c.stdout, "QUEUE %s: %d events no queue was bound to when they were published\n", out.Queue, out.Messages)
 	if len(out.Shown) == 0 {
 		return nil
 	}
@@ -179,7 +208,8 @@ func unroutableList(ctx context.Context, c *cmdline, args []string) error {
 		if m.RoutedBySet {
 			now = "yes: replay delivers it"
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%d\t%s\n", m.RoutingKey, m.EventType, orDash(m.MessageID), orDash(m.AggregateID), orDash(m.OccurredAt), m.Bytes, now)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%d\t%s\n", oneLine(m.RoutingKey, 80), oneLine(m.EventType, 60), orDash(oneLine(m.MessageID, 80)),
+			orDash(oneLine(m.AggregateID, 60)), orDash(oneLine(m.OccurredAt, 40)), m.Bytes, now)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -196,18 +226,15 @@ func unroutableReplay(ctx context.Context, c *cmdline, args []string) error {
 	if _, err := parse(fs, o, args, 0, ""); err != nil {
 		return err
 	}
-	if *maxN < 0 {
-		return usagef("--max must not be negative")
+	if err := notNegative("max", *maxN); err != nil {
+		return err
 	}
 	b, err := o.broker(ctx)
 	if err != nil {
 		return err
 	}
 	defer b.close()
-	out := UnroutableReplayJSON{Queue: b.queue, Exchange: b.exchange}
-	if err := b.ch.ExchangeDeclarePassive(b.exchange, "topic", true, false, false, false, nil); err != nil {
-		return fmt.Errorf("exchange %s: %w", b.exchange, err)
-	}
+	out := UnroutableReplayJSON{Queue: b.queue, Exchanges: []string{}}
 	if err := b.ch.Confirm(false); err != nil {
 		return fmt.Errorf("enable publisher confirms: %w", err)
 	}
@@ -237,14 +264,17 @@ func unroutableReplay(ctx context.Context, c *cmdline, args []string) error {
 		}
 		if err := republishUnroutable(ctx, b, d, returns); err != nil {
 			_ = d.Nack(false, true)
-			return fmt.Errorf("replay message %s (routing key %s), after %d replayed: %w", summarise(d, b.routed).MessageID, d.RoutingKey, out.Replayed, err)
+			return fmt.Errorf("replay message %s (routing key %s), after %d replayed: %w", oneLine(summarise(d, b).MessageID, 80), oneLine(d.RoutingKey, 80), out.Replayed, err)
 		}
 		if err := d.Ack(false); err != nil {
 			return fmt.Errorf("ack message %s in %s: it was published again and may be delivered twice (the handlers' dedup makes that harmless): %w",
-				summarise(d, b.routed).MessageID, b.queue, err)
+				oneLine(summarise(d, b).MessageID, 80), b.queue, err)
 		}
 		out.Replayed++
-		if b.routed(d.RoutingKey) {
+		if x := b.exchangeOf(d); !slices.Contains(out.Exchanges, x) {
+			out.Exchanges = append(out.Exchanges, x)
+		}
+		if b.routed(b.exchangeOf(d), d.RoutingKey) {
 			out.RoutedBySet++
 		}
 	}
@@ -254,13 +284,18 @@ func unroutableReplay(ctx context.Context, c *cmdline, args []string) error {
 	if o.json {
 		return writeJSON(c.stdout, out)
 	}
+	to := strings.Join(out.Exchanges, ", ")
+	if to == "" {
+		to = "no exchange"
+	}
 	fmt.Fprintf(c.stdout, "replayed %d of the %d events in %s to %s (%d to a queue of the set); %d left in %s\n",
-		out.Replayed, out.Seen, out.Queue, out.Exchange, out.RoutedBySet, out.Remaining, out.Queue)
+		out.Replayed, out.Seen, out.Queue, to, out.RoutedBySet, out.Remaining, out.Queue)
 	return nil
 }
 
-// republishUnroutable publishes d again to the events exchange with its
-// routing key and properties, and waits for the broker's confirm.
+// republishUnroutable publishes d again, with its routing key and
+// properties, to the exchange of its event type's publisher (exchangeOf),
+// and waits for the broker's confirm.
 func republishUnroutable(ctx context.Context, b *broker, d amqp.Delivery, returns <-chan amqp.Return) error {
 	headers := amqp.Table{}
 	for k, v := range d.Headers {
@@ -281,21 +316,22 @@ func republishUnroutable(ctx context.Context, b *broker, d amqp.Delivery, return
 	}
 	// Mandatory: with the alternate exchange, a message no queue is bound
 	// to is routed to it, not returned; a return means it would be lost.
-	conf, err := b.ch.PublishWithDeferredConfirmWithContext(ctx, b.exchange, d.RoutingKey, true, false, pub)
+	exchange := b.exchangeOf(d)
+	conf, err := b.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, d.RoutingKey, true, false, pub)
 	if err != nil {
-		return fmt.Errorf("publish to %s: %w", b.exchange, err)
+		return fmt.Errorf("publish to %s: %w", exchange, err)
 	}
 	ok, err := conf.WaitContext(ctx)
 	if err != nil {
-		return fmt.Errorf("publish to %s: wait for confirm: %w", b.exchange, err)
+		return fmt.Errorf("publish to %s: wait for confirm: %w", exchange, err)
 	}
 	if !ok {
-		return fmt.Errorf("publish to %s: the broker refused it (nack)", b.exchange)
+		return fmt.Errorf("publish to %s: the broker refused it (nack)", exchange)
 	}
 	// A return precedes the confirm of the same message on the channel.
 	select {
 	case r := <-returns:
-		return fmt.Errorf("publish to %s: returned (%s): the exchange has no alternate exchange to keep it; the message stays in %s", b.exchange, r.ReplyText, b.queue)
+		return fmt.Errorf("publish to %s: returned (%s): the exchange has no alternate exchange to keep it; the message stays in %s", exchange, r.ReplyText, b.queue)
 	default:
 	}
 	return nil

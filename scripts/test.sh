@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: makes sure PostgreSQL and RabbitMQ are up, then
-# go vet and go test over every package. Arguments go to go test (for example
-# -run TestEndToEnd -v). Runs from any directory.
+# go vet and go test over every package, then every fuzz target for FUZZTIME
+# (default 3s) each (scripts/fuzz.sh). Arguments go to go test (for example
+# -run TestEndToEnd -v) and skip the fuzzing, as FUZZTIME=0 does. Runs from
+# any directory.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -11,3 +13,6 @@ cd "$ROOT"
 go mod download
 go vet ./...
 go test -count=1 -timeout 14m ./... "$@"
+if (($# == 0)) && [[ ${FUZZTIME:-3s} != 0 ]]; then
+	FUZZTIME=${FUZZTIME:-3s} "$ROOT/scripts/fuzz.sh"
+fi

@@ -334,7 +334,7 @@ func publishEvent(t *testing.T, s *stack.Stack, eventType, routeBy, messageID st
 	if messageID != "" {
 		headers["_watermill_message_uuid"] = messageID
 	}
-	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, module.Names{Namespace: s.Namespace}.Exchange(),
+	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, module.Names{Namespace: s.Namespace}.Exchange("orders"),
 		outbox.RoutingKey(eventType, routeBy), true, false, amqp.Publishing{Body: body, Headers: headers, DeliveryMode: amqp.Persistent})
 	if err != nil {
 		t.Fatal(err)

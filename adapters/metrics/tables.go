@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -27,6 +28,10 @@ import (
 //
 // The outbox gauges are reported for each of Outboxes, the set-aside
 // messages for each of Handlers (and any other handler found in the table).
+//
+// The queries are bounded: scrapes that arrive while they run wait for that
+// run and share its gauges, and the gauges of a run are reused for
+// CacheFor, so any number of scrapes costs at most one run per CacheFor.
 type Tables struct {
 	// DB is the service's database. Required unless Databases is set.
 	DB *sqlx.DB
@@ -47,8 +52,17 @@ type Tables struct {
 	Handlers []string
 	// Timeout bounds the queries of one scrape; default 5 s.
 	Timeout time.Duration
+	// CacheFor is how long the gauges of one run of the queries are served
+	// again instead of querying; default 1 s.
+	CacheFor time.Duration
 	// Logger receives query errors; default slog.Default().
 	Logger *slog.Logger
+
+	// mu is held through a run of the queries, so that concurrent scrapes
+	// wait for one run instead of starting their own.
+	mu       sync.Mutex
+	cached   []prometheus.Metric
+	cachedAt time.Time
 }
 
 // Database is one database a Tables collector reads.
@@ -87,6 +101,9 @@ func (t *Tables) setDefaults() {
 	if t.Timeout == 0 {
 		t.Timeout = 5 * time.Second
 	}
+	if t.CacheFor == 0 {
+		t.CacheFor = time.Second
+	}
 	if t.Logger == nil {
 		t.Logger = slog.Default()
 	}
@@ -101,9 +118,23 @@ func (t *Tables) Describe(ch chan<- *prometheus.Desc) {
 }
 
 // Collect implements prometheus.Collector. A failed query leaves its gauges
-// out and sets outboxmill_db_up to 0.
+// out and sets outboxmill_db_up to 0. The gauges of a run younger than
+// CacheFor are served again without querying.
 func (t *Tables) Collect(ch chan<- prometheus.Metric) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	t.setDefaults()
+	if t.cached == nil || time.Since(t.cachedAt) >= t.CacheFor {
+		t.cached = t.query()
+		t.cachedAt = time.Now()
+	}
+	for _, m := range t.cached {
+		ch <- m
+	}
+}
+
+// query runs the queries of one scrape and returns the gauges.
+func (t *Tables) query() []prometheus.Metric {
 	ctx, cancel := context.WithTimeout(context.Background(), t.Timeout)
 	defer cancel()
 	up := 1.0
@@ -111,8 +142,9 @@ func (t *Tables) Collect(ch chan<- prometheus.Metric) {
 		up = 0
 		t.Logger.Warn("metrics: read "+what, "err", err)
 	}
+	metrics := []prometheus.Metric{}
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+		metrics = append(metrics, prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...))
 	}
 
 	dbs := t.Databases
@@ -131,6 +163,7 @@ func (t *Tables) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	gauge(descUp, up)
+	return metrics
 }
 
 // collect reports the gauges of one database.

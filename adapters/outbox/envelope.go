@@ -59,7 +59,11 @@ func RoutingKey(eventType, aggregateID string) string {
 	return eventType + "." + strconv.Itoa(Shard(aggregateID))
 }
 
-// Encode turns a domain event into a Watermill message.
+// Encode turns a domain event into a Watermill message. Text that is not
+// valid UTF-8 is replaced by U+FFFD in the body, as JSON has it, but not in
+// the message's UUID and metadata: Registry.Check refuses such an event
+// before a Writer stores it, and Decode refuses a message whose UUID then
+// differs from its event_id.
 func Encode(ev domain.Event) (*message.Message, error) {
 	payload, err := json.Marshal(ev.Payload)
 	if err != nil {

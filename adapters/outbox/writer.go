@@ -150,3 +150,17 @@ func Initialize(ctx context.Context, db *sqlx.DB, config Config) error {
 	}
 	return nil
 }
+
+// Tables returns the outbox's tables, as Initialize creates them: the
+// messages and the consumer groups' offsets.
+func (c Config) Tables() []string { return []string{c.Table(), c.OffsetsTable()} }
+
+// Initialized reports whether Initialize has created the outbox's tables in
+// db. It only reads.
+func Initialized(ctx context.Context, db *sqlx.DB, config Config) (bool, error) {
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT count(to_regclass(t)) FROM unnest($1::text[]) t`, config.Tables()).Scan(&n); err != nil {
+		return false, fmt.Errorf("check outbox %s: %w", config.Topic, err)
+	}
+	return n == len(config.Tables()), nil
+}

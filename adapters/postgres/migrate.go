@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
+	"slices"
 	"sort"
 	"strings"
 
@@ -17,8 +18,15 @@ import (
 // transaction together with the row that records it in
 // <owner>_schema_migrations, so a failed file leaves no trace.
 //
+// The history also records the tables, views and sequences each file
+// created, so that GrantRuntime can grant a runtime role exactly those.
+//
 // Several instances may call Migrate at once: a session-level advisory lock
 // keyed on owner makes them take turns, and the later ones find nothing to do.
+//
+// Migrate creates tables: it needs a role that may (the database's owner,
+// say). Services that run under a role limited to reading and writing
+// check with Pending instead.
 func Migrate(ctx context.Context, db *sqlx.DB, owner string, migrations fs.FS) error {
 	names, err := fs.Glob(migrations, "*.sql")
 	if err != nil {
@@ -45,12 +53,16 @@ func Migrate(ctx context.Context, db *sqlx.DB, owner string, migrations fs.FS) e
 		_, _ = conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, lock)
 	}()
 
-	table := owner + "_schema_migrations"
+	table := historyTable(owner)
 	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+table+` (
 		name TEXT PRIMARY KEY,
 		applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
 	)`); err != nil {
 		return fmt.Errorf("migrate %s: create %s: %w", owner, table, err)
+	}
+	// relations is NULL for a file applied before they were recorded.
+	if _, err := conn.ExecContext(ctx, `ALTER TABLE `+table+` ADD COLUMN IF NOT EXISTS relations TEXT[]`); err != nil {
+		return fmt.Errorf("migrate %s: extend %s: %w", owner, table, err)
 	}
 
 	applied := map[string]bool{}
@@ -91,15 +103,75 @@ func applyMigration(ctx context.Context, conn *sqlx.Conn, table, name, body stri
 		return err
 	}
 	defer tx.Rollback()
+	before, err := relations(ctx, tx)
+	if err != nil {
+		return err
+	}
 	if strings.TrimSpace(body) != "" {
 		if _, err := tx.ExecContext(ctx, body); err != nil {
 			return err
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO `+table+` (name) VALUES ($1)`, name); err != nil {
+	after, err := relations(ctx, tx)
+	if err != nil {
+		return err
+	}
+	created := []string{}
+	for _, r := range after {
+		if !slices.Contains(before, r) {
+			created = append(created, r)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO `+table+` (name, relations) VALUES ($1, $2)`, name, created); err != nil {
 		return err
 	}
 	return tx.Commit()
+}
+
+// historyTable is the migration history of owner.
+func historyTable(owner string) string { return owner + "_schema_migrations" }
+
+// relations lists the tables, views and sequences of the schemas on the
+// search path, by their names as regclass prints them.
+func relations(ctx context.Context, q sqlx.QueryerContext) ([]string, error) {
+	var names []string
+	err := sqlx.SelectContext(ctx, q, &names, `SELECT c.oid::regclass::text FROM pg_class c
+		WHERE c.relnamespace = ANY (SELECT oid FROM pg_namespace WHERE nspname = ANY (current_schemas(false)))
+		  AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')`)
+	if err != nil {
+		return nil, fmt.Errorf("list relations: %w", err)
+	}
+	return names, nil
+}
+
+// Pending returns the *.sql files of migrations that the component named
+// owner has not applied to db, in name order: all of them when it never
+// migrated there. It only reads, so a runtime role may call it to refuse to
+// start on a database that is not migrated.
+func Pending(ctx context.Context, db *sqlx.DB, owner string, migrations fs.FS) ([]string, error) {
+	names, err := fs.Glob(migrations, "*.sql")
+	if err != nil {
+		return nil, fmt.Errorf("list migrations of %s: %w", owner, err)
+	}
+	sort.Strings(names)
+	var exists bool
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, historyTable(owner)).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("read migrations of %s: %w", owner, err)
+	}
+	if !exists {
+		return names, nil
+	}
+	var applied []string
+	if err := db.SelectContext(ctx, &applied, `SELECT name FROM `+historyTable(owner)); err != nil {
+		return nil, fmt.Errorf("read migrations of %s: %w", owner, err)
+	}
+	pending := []string{}
+	for _, name := range names {
+		if !slices.Contains(applied, name) {
+			pending = append(pending, name)
+		}
+	}
+	return pending, nil
 }
 
 // advisoryKey maps a name to a key for pg_advisory_lock.

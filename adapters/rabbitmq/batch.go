@@ -332,24 +332,46 @@ func (l *lane) handle(ctx context.Context, batch []amqp.Delivery) error {
 			trace.Mark(trace.Started, msg.UUID)
 		}
 	}
-	for start := 0; start < len(batch); {
-		if !usableID(msgs[start].UUID) {
-			if err := l.one(batch[start], msgs[start], len(batch)-1-start); err != nil {
+	for _, r := range runs(msgs) {
+		if r.alone {
+			if err := l.one(batch[r.start], msgs[r.start], len(batch)-1-r.start); err != nil {
 				return err
 			}
+			continue
+		}
+		if err := l.settle(ctx, batch[r.start:r.end], msgs[r.start:r.end], len(batch)-r.end); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// run is a part of a batch, msgs[start:end], settled at once: in one
+// transaction, or, when alone, a single message handed to the fallback.
+type run struct {
+	start, end int
+	alone      bool
+}
+
+// runs splits msgs, in order, into the runs handle settles: each message
+// whose id cannot be a dedup key (see usableID) alone, and the longest runs
+// of the others between them.
+func runs(msgs []*message.Message) []run {
+	var out []run
+	for start := 0; start < len(msgs); {
+		if !usableID(msgs[start].UUID) {
+			out = append(out, run{start: start, end: start + 1, alone: true})
 			start++
 			continue
 		}
 		end := start + 1
-		for end < len(batch) && usableID(msgs[end].UUID) {
+		for end < len(msgs) && usableID(msgs[end].UUID) {
 			end++
 		}
-		if err := l.settle(ctx, batch[start:end], msgs[start:end], len(batch)-end); err != nil {
-			return err
-		}
+		out = append(out, run{start: start, end: end})
 		start = end
 	}
-	return nil
+	return out
 }
 
 // usableID reports whether id can be a dedup key: not empty, and text an

@@ -9,6 +9,8 @@ import (
 	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/middleware"
 )
 
 var _ wmamqp.Marshaler = Marshaler{}
@@ -27,8 +29,20 @@ var _ wmamqp.Marshaler = Marshaler{}
 // kept in the metadata as text, so that it can be inspected.
 type Marshaler struct{}
 
-// Marshal implements wmamqp.Marshaler.
+// ErrReservedMetadata is returned by Marshal for a message whose metadata
+// has the key of the UUID header (wmamqp.DefaultMessageUUIDHeaderKey): the
+// header carries the message's UUID, so the entry would be overwritten or
+// lost on the way.
+var ErrReservedMetadata = errors.New("metadata key reserved for the message UUID header")
+
+// Marshal implements wmamqp.Marshaler. It refuses, with an error wrapping
+// ErrReservedMetadata, a message whose metadata has the UUID header's key,
+// so that what Unmarshal reads back is the message as it was: UUID,
+// metadata and payload.
 func (Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
+	if _, ok := msg.Metadata[wmamqp.DefaultMessageUUIDHeaderKey]; ok {
+		return amqp.Publishing{}, fmt.Errorf("message %s: %w (%s)", middleware.SafeMessageID(msg.UUID), ErrReservedMetadata, wmamqp.DefaultMessageUUIDHeaderKey)
+	}
 	return wmamqp.DefaultMarshaler{}.Marshal(msg)
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -49,7 +50,9 @@ func NewQueuePublisher(ctx context.Context, url string) (*QueuePublisher, error)
 // Publish sends msg to queue, which must exist, and waits for the broker's
 // confirm. The message keeps its UUID and metadata (as headers), except
 // headers starting with "x-", which the broker itself sets on redelivery
-// and dead-lettering.
+// and dead-lettering, and the UUID header's key, which Unmarshal keeps in
+// the metadata of a message whose UUID header was not text (the message
+// goes out with its UUID, empty then, in that header).
 func (p *QueuePublisher) Publish(ctx context.Context, queue string, msg *message.Message) error {
 	if _, err := p.ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
 		// A failed passive declare closes the channel; this publisher is done.
@@ -57,7 +60,7 @@ func (p *QueuePublisher) Publish(ctx context.Context, queue string, msg *message
 	}
 	clean := msg.Copy()
 	for k := range clean.Metadata {
-		if strings.HasPrefix(strings.ToLower(k), "x-") {
+		if strings.HasPrefix(strings.ToLower(k), "x-") || k == wmamqp.DefaultMessageUUIDHeaderKey {
 			delete(clean.Metadata, k)
 		}
 	}

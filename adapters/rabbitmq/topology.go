@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,20 +18,22 @@ const (
 )
 
 // Topology is the set of exchanges, queues and bindings an application needs.
-// It is declared in full by every service before it publishes or consumes,
-// so an event published before its consumer ever ran waits in that
-// consumer's queue instead of being dropped by the exchange.
+// It is declared in full before any service publishes or consumes, so an
+// event published before its consumer ever ran waits in that consumer's
+// queue instead of being dropped by the exchange.
 type Topology struct {
-	// Exchange is the durable topic exchange events are published to.
-	Exchange string
-	// Queues are the consumers' queues and the routing keys bound to them.
+	// Exchanges are the durable topic exchanges events are published to:
+	// one per publishing module, so that a broker user can be allowed to
+	// publish to its own exchange and no other.
+	Exchanges []string
+	// Queues are the consumers' queues and their bindings.
 	Queues []Queue
 	// UnroutableQueue, when set, collects the events no queue is bound to:
-	// the exchange is declared with an alternate exchange
-	// ("<Exchange>.unroutable", fanout) bound to this queue, so an event
-	// published before any consumer of its type exists is kept there
-	// instead of being dropped by the broker. A consumer added later can be
-	// fed from it (outboxctl unroutable replay).
+	// every exchange is declared with the same alternate exchange (a fanout
+	// named like this queue) bound to this queue, so an event published
+	// before any consumer of its type exists is kept there instead of being
+	// dropped by the broker. A consumer added later can be fed from it
+	// (outboxctl unroutable replay). Publishers need no permission on it.
 	UnroutableQueue string
 	// UnroutableType is the unroutable queue's type, QueueClassic (default)
 	// or QueueQuorum: in a cluster a quorum queue survives the loss of the
@@ -41,20 +44,17 @@ type Topology struct {
 }
 
 // AlternateExchange returns the name of the exchange that receives what the
-// events exchange cannot route, or "" when UnroutableQueue is not set.
-func (t Topology) AlternateExchange() string {
-	if t.UnroutableQueue == "" {
-		return ""
-	}
-	return t.Exchange + ".unroutable"
-}
+// events exchanges cannot route, or "" when UnroutableQueue is not set.
+// Exchanges and queues have separate names in RabbitMQ, so it is named
+// like the queue it feeds.
+func (t Topology) AlternateExchange() string { return t.UnroutableQueue }
 
-// Queue is a durable queue bound to the topology's exchange.
+// Queue is a durable queue bound to some of the topology's exchanges.
 type Queue struct {
 	// Name of the queue.
 	Name string
-	// RoutingKeys bound to the queue on the exchange (the event types).
-	RoutingKeys []string
+	// Bindings route messages of an exchange to the queue.
+	Bindings []Binding
 	// Type is QueueClassic (default) or QueueQuorum.
 	Type string
 	// DeadLetterExchange, when set, receives messages the queue rejects.
@@ -65,10 +65,31 @@ type Queue struct {
 	SingleActiveConsumer bool
 }
 
+// Binding binds a queue to the messages an exchange receives with a
+// matching routing key (topic rules: '*' matches one dot-separated word,
+// '#' zero or more).
+type Binding struct {
+	// Exchange is one of the topology's exchanges.
+	Exchange string
+	// RoutingKey is the pattern bound (an event type and shard,
+	// "OrderPaid.3").
+	RoutingKey string
+}
+
 // Validate checks the topology.
 func (t Topology) Validate() error {
-	if t.Exchange == "" {
-		return errors.New("topology: empty exchange name")
+	if len(t.Exchanges) == 0 {
+		return errors.New("topology: no exchange")
+	}
+	exchanges := map[string]bool{}
+	for _, x := range t.Exchanges {
+		if x == "" {
+			return errors.New("topology: empty exchange name")
+		}
+		if exchanges[x] || x == t.AlternateExchange() {
+			return fmt.Errorf("topology: exchange %s declared twice", x)
+		}
+		exchanges[x] = true
 	}
 	seen := map[string]bool{}
 	for _, q := range t.Queues {
@@ -79,8 +100,13 @@ func (t Topology) Validate() error {
 			return fmt.Errorf("topology: queue %s declared twice", q.Name)
 		}
 		seen[q.Name] = true
-		if len(q.RoutingKeys) == 0 {
-			return fmt.Errorf("topology: queue %s has no routing key", q.Name)
+		if len(q.Bindings) == 0 {
+			return fmt.Errorf("topology: queue %s has no binding", q.Name)
+		}
+		for _, b := range q.Bindings {
+			if !exchanges[b.Exchange] {
+				return fmt.Errorf("topology: queue %s is bound to %q, which is not one of the exchanges", q.Name, b.Exchange)
+			}
 		}
 		switch q.Type {
 		case "", QueueClassic, QueueQuorum:
@@ -138,22 +164,84 @@ func Declare(ctx context.Context, url string, t Topology) error {
 		}
 		exchangeArgs = amqp.Table{"alternate-exchange": ae}
 	}
-	if err := ch.ExchangeDeclare(t.Exchange, "topic", true, false, false, false, exchangeArgs); err != nil {
-		var amqpErr *amqp.Error
-		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed {
-			return fmt.Errorf("declare exchange %s: it exists with other arguments (an exchange declared before unroutable events were kept has no alternate exchange: delete it, or use another namespace): %w", t.Exchange, err)
+	for _, x := range t.Exchanges {
+		if err := ch.ExchangeDeclare(x, "topic", true, false, false, false, exchangeArgs); err != nil {
+			var amqpErr *amqp.Error
+			if errors.As(err, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed {
+				return fmt.Errorf("declare exchange %s: it exists with other arguments (another alternate exchange, or none): delete it, or use another namespace: %w", x, err)
+			}
+			return fmt.Errorf("declare exchange %s: %w", x, err)
 		}
-		return fmt.Errorf("declare exchange %s: %w", t.Exchange, err)
 	}
 	for _, q := range t.Queues {
 		if _, err := ch.QueueDeclare(q.Name, true, false, false, false, q.QueueArgs()); err != nil {
 			return fmt.Errorf("declare queue %s: %w", q.Name, err)
 		}
-		for _, key := range q.RoutingKeys {
-			if err := ch.QueueBind(q.Name, key, t.Exchange, false, nil); err != nil {
-				return fmt.Errorf("bind queue %s to %s with %s: %w", q.Name, t.Exchange, key, err)
+		for _, b := range q.Bindings {
+			if err := ch.QueueBind(q.Name, b.RoutingKey, b.Exchange, false, nil); err != nil {
+				return fmt.Errorf("bind queue %s to %s with %s: %w", q.Name, b.Exchange, b.RoutingKey, err)
 			}
 		}
+	}
+	return nil
+}
+
+// CheckDeclared checks that the exchanges and queues of t exist on the
+// broker at url, with passive declarations, which need no permission: a
+// service that does not declare the topology itself (it runs under a user
+// that may not) refuses to start until it has been declared. Bindings
+// cannot be checked this way.
+func CheckDeclared(ctx context.Context, url string, t Topology) error {
+	if err := t.Validate(); err != nil {
+		return err
+	}
+	conn, err := Dial(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	// A failed passive declaration closes the channel: one channel per
+	// check, so that every missing object is named.
+	check := func(kind, name string, declare func(*amqp.Channel) error) error {
+		ch, err := conn.Channel()
+		if err != nil {
+			return fmt.Errorf("check topology: open channel: %w", err)
+		}
+		defer ch.Close()
+		if err := declare(ch); err != nil {
+			var amqpErr *amqp.Error
+			if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
+				return fmt.Errorf("%s %s does not exist", kind, name)
+			}
+			return fmt.Errorf("check %s %s: %w", kind, name, err)
+		}
+		return nil
+	}
+	var errs []error
+	exchanges := slices.Clone(t.Exchanges)
+	if ae := t.AlternateExchange(); ae != "" {
+		exchanges = append(exchanges, ae)
+	}
+	for _, x := range exchanges {
+		errs = append(errs, check("exchange", x, func(ch *amqp.Channel) error {
+			return ch.ExchangeDeclarePassive(x, "topic", true, false, false, false, nil)
+		}))
+	}
+	queues := make([]string, 0, len(t.Queues)+1)
+	for _, q := range t.Queues {
+		queues = append(queues, q.Name)
+	}
+	if t.UnroutableQueue != "" {
+		queues = append(queues, t.UnroutableQueue)
+	}
+	for _, q := range queues {
+		errs = append(errs, check("queue", q, func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+			return err
+		}))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("broker topology is not declared (run the migrate command with a user that may declare it): %w", err)
 	}
 	return nil
 }
@@ -184,7 +272,7 @@ func Delete(ctx context.Context, url string, t Topology) error {
 			return fmt.Errorf("delete queue %s: %w", q, err)
 		}
 	}
-	for _, x := range []string{t.Exchange, t.AlternateExchange()} {
+	for _, x := range append(slices.Clone(t.Exchanges), t.AlternateExchange()) {
 		if x == "" {
 			continue
 		}
@@ -196,8 +284,16 @@ func Delete(ctx context.Context, url string, t Topology) error {
 }
 
 // Dial connects to the broker at url, giving up when ctx ends or after ten
-// seconds.
+// seconds. An amqps:// URL is dialled with TLS configured by its query
+// parameters, as amqp091-go reads them: cacertfile (the CA to verify the
+// broker with; default the system's), certfile and keyfile (a client
+// certificate), server_name_indication (default the URL's host). No error
+// of Dial contains the URL's password.
 func Dial(ctx context.Context, url string) (*amqp.Connection, error) {
+	uri, err := parseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("connect to broker: %w", err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	type result struct {
@@ -212,7 +308,7 @@ func Dial(ctx context.Context, url string) (*amqp.Connection, error) {
 	select {
 	case r := <-done:
 		if r.err != nil {
-			return nil, fmt.Errorf("connect to broker: %w", r.err)
+			return nil, fmt.Errorf("connect to broker at %s: %w", address(uri), r.err)
 		}
 		return r.conn, nil
 	case <-ctx.Done():
@@ -221,17 +317,17 @@ func Dial(ctx context.Context, url string) (*amqp.Connection, error) {
 				_ = r.conn.Close()
 			}
 		}()
-		return nil, fmt.Errorf("connect to broker: %w", ctx.Err())
+		return nil, fmt.Errorf("connect to broker at %s: %w", address(uri), ctx.Err())
 	}
 }
 
-// Routes reports whether a message published with routingKey reaches at
-// least one of the topology's queues, by the topic exchange's rules ('*'
-// matches one dot-separated word, '#' zero or more).
-func (t Topology) Routes(routingKey string) bool {
+// Routes reports whether a message published to exchange with routingKey
+// reaches at least one of the topology's queues, by the topic exchange's
+// rules ('*' matches one dot-separated word, '#' zero or more).
+func (t Topology) Routes(exchange, routingKey string) bool {
 	for _, q := range t.Queues {
-		for _, pattern := range q.RoutingKeys {
-			if topicMatch(strings.Split(pattern, "."), strings.Split(routingKey, ".")) {
+		for _, b := range q.Bindings {
+			if b.Exchange == exchange && topicMatch(strings.Split(b.RoutingKey, "."), strings.Split(routingKey, ".")) {
 				return true
 			}
 		}

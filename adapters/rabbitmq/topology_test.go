@@ -109,19 +109,27 @@ func publish(t *testing.T, ch *amqp.Channel, exchange, key string, p amqp.Publis
 
 func TestTopology_Validate(t *testing.T) {
 	t.Parallel()
-	queue := func(name string, keys ...string) rabbitmq.Queue { return rabbitmq.Queue{Name: name, RoutingKeys: keys} }
+	queue := func(name string, keys ...string) rabbitmq.Queue {
+		return rabbitmq.Queue{Name: name, Bindings: bind("x", keys...)}
+	}
+	x := []string{"x"}
 	for _, tc := range []struct {
 		name string
 		topo rabbitmq.Topology
 		ok   bool
 	}{
-		{"complete", rabbitmq.Topology{Exchange: "x", Queues: []rabbitmq.Queue{queue("a", "k"), {Name: "b", RoutingKeys: []string{"k"}, Type: rabbitmq.QueueQuorum}}}, true},
-		{"exchange only", rabbitmq.Topology{Exchange: "x"}, true},
-		{"empty exchange", rabbitmq.Topology{Queues: []rabbitmq.Queue{queue("a", "k")}}, false},
-		{"queue without name", rabbitmq.Topology{Exchange: "x", Queues: []rabbitmq.Queue{queue("", "k")}}, false},
-		{"queue twice", rabbitmq.Topology{Exchange: "x", Queues: []rabbitmq.Queue{queue("a", "k"), queue("a", "l")}}, false},
-		{"queue without routing key", rabbitmq.Topology{Exchange: "x", Queues: []rabbitmq.Queue{queue("a")}}, false},
-		{"unknown queue type", rabbitmq.Topology{Exchange: "x", Queues: []rabbitmq.Queue{{Name: "a", RoutingKeys: []string{"k"}, Type: "stream"}}}, false},
+		{"complete", rabbitmq.Topology{Exchanges: []string{"x", "y"}, Queues: []rabbitmq.Queue{queue("a", "k"),
+			{Name: "b", Bindings: append(bind("x", "k"), bind("y", "l")...), Type: rabbitmq.QueueQuorum}}}, true},
+		{"exchange only", rabbitmq.Topology{Exchanges: x}, true},
+		{"no exchange", rabbitmq.Topology{Queues: []rabbitmq.Queue{queue("a", "k")}}, false},
+		{"empty exchange name", rabbitmq.Topology{Exchanges: []string{""}}, false},
+		{"exchange twice", rabbitmq.Topology{Exchanges: []string{"x", "x"}}, false},
+		{"exchange named like the unroutable queue", rabbitmq.Topology{Exchanges: x, UnroutableQueue: "x"}, false},
+		{"binding to an unknown exchange", rabbitmq.Topology{Exchanges: x, Queues: []rabbitmq.Queue{{Name: "a", Bindings: bind("y", "k")}}}, false},
+		{"queue without name", rabbitmq.Topology{Exchanges: x, Queues: []rabbitmq.Queue{queue("", "k")}}, false},
+		{"queue twice", rabbitmq.Topology{Exchanges: x, Queues: []rabbitmq.Queue{queue("a", "k"), queue("a", "l")}}, false},
+		{"queue without binding", rabbitmq.Topology{Exchanges: x, Queues: []rabbitmq.Queue{queue("a")}}, false},
+		{"unknown queue type", rabbitmq.Topology{Exchanges: x, Queues: []rabbitmq.Queue{{Name: "a", Bindings: bind("x", "k"), Type: "stream"}}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := tc.topo.Validate(); (err == nil) != tc.ok {
@@ -137,14 +145,15 @@ func TestDeclare(t *testing.T) {
 	t.Run("declares exchange, queues and bindings, twice", func(t *testing.T) {
 		t.Parallel()
 		ns := stack.UniqueName("obm_test_")
+		orders, billing := ns+".orders.events", ns+".billing.events"
 		topo := rabbitmq.Topology{
-			Exchange: ns + ".events",
+			Exchanges: []string{orders, billing},
 			Queues: []rabbitmq.Queue{
-				{Name: ns + ".classic", RoutingKeys: []string{"OrderPaid", "OrderPlaced"}},
-				{Name: ns + ".quorum", RoutingKeys: []string{"OrderPaid"}, Type: rabbitmq.QueueQuorum},
+				{Name: ns + ".classic", Bindings: append(bind(orders, "OrderPaid", "OrderPlaced"), bind(billing, "InvoiceSent")...)},
+				{Name: ns + ".quorum", Bindings: bind(orders, "OrderPaid"), Type: rabbitmq.QueueQuorum},
 			},
 		}
-		deleteAtCleanup(t, []string{topo.Exchange}, topo.Queues[0].Name, topo.Queues[1].Name)
+		deleteAtCleanup(t, topo.Exchanges, topo.Queues[0].Name, topo.Queues[1].Name)
 		for i := range 2 {
 			if err := rabbitmq.Declare(context.Background(), amqpURL(), topo); err != nil {
 				t.Fatalf("declare #%d: %v", i+1, err)
@@ -152,10 +161,13 @@ func TestDeclare(t *testing.T) {
 		}
 
 		ch := channel(t)
-		publish(t, ch, topo.Exchange, "OrderPaid", amqp.Publishing{Body: []byte("paid"), DeliveryMode: amqp.Persistent})
-		publish(t, ch, topo.Exchange, "OrderPlaced", amqp.Publishing{Body: []byte("placed"), DeliveryMode: amqp.Persistent})
+		publish(t, ch, orders, "OrderPaid", amqp.Publishing{Body: []byte("paid"), DeliveryMode: amqp.Persistent})
+		publish(t, ch, orders, "OrderPlaced", amqp.Publishing{Body: []byte("placed"), DeliveryMode: amqp.Persistent})
+		publish(t, ch, billing, "InvoiceSent", amqp.Publishing{Body: []byte("invoiced"), DeliveryMode: amqp.Persistent})
+		// A binding holds on its own exchange only.
+		publish(t, ch, billing, "OrderPaid", amqp.Publishing{Body: []byte("misrouted"), DeliveryMode: amqp.Persistent})
 		for queue, want := range map[string][]string{
-			topo.Queues[0].Name: {"paid", "placed"},
+			topo.Queues[0].Name: {"paid", "placed", "invoiced"},
 			topo.Queues[1].Name: {"paid"},
 		} {
 			for _, body := range want {
@@ -180,12 +192,13 @@ func TestDeclare(t *testing.T) {
 	t.Run("an event no queue is bound to is kept in the unroutable queue", func(t *testing.T) {
 		t.Parallel()
 		ns := stack.UniqueName("obm_test_")
+		exchange := ns + ".orders.events"
 		topo := rabbitmq.Topology{
-			Exchange:        ns + ".events",
-			Queues:          []rabbitmq.Queue{{Name: ns + ".paid", RoutingKeys: []string{"OrderPaid.*"}}},
+			Exchanges:       []string{exchange},
+			Queues:          []rabbitmq.Queue{{Name: ns + ".paid", Bindings: bind(exchange, "OrderPaid.*")}},
 			UnroutableQueue: ns + ".unroutable",
 		}
-		deleteAtCleanup(t, []string{topo.Exchange, topo.AlternateExchange()}, topo.Queues[0].Name, topo.UnroutableQueue)
+		deleteAtCleanup(t, []string{exchange, topo.AlternateExchange()}, topo.Queues[0].Name, topo.UnroutableQueue)
 		if err := rabbitmq.Declare(context.Background(), amqpURL(), topo); err != nil {
 			t.Fatal(err)
 		}
@@ -193,8 +206,8 @@ func TestDeclare(t *testing.T) {
 		// Mandatory publishes: a message the broker could not route at all
 		// would be returned; one the alternate exchange takes is not.
 		returns := ch.NotifyReturn(make(chan amqp.Return, 2))
-		publish(t, ch, topo.Exchange, "OrderShipped.3", amqp.Publishing{Body: []byte("shipped"), DeliveryMode: amqp.Persistent})
-		publish(t, ch, topo.Exchange, "OrderPaid.3", amqp.Publishing{Body: []byte("paid"), DeliveryMode: amqp.Persistent})
+		publish(t, ch, exchange, "OrderShipped.3", amqp.Publishing{Body: []byte("shipped"), DeliveryMode: amqp.Persistent})
+		publish(t, ch, exchange, "OrderPaid.3", amqp.Publishing{Body: []byte("paid"), DeliveryMode: amqp.Persistent})
 		if d := get(t, ch, topo.UnroutableQueue); string(d.Body) != "shipped" || d.RoutingKey != "OrderShipped.3" {
 			t.Errorf("unroutable queue delivered %q with key %q, want the shipped event with its routing key", d.Body, d.RoutingKey)
 		}
@@ -224,8 +237,8 @@ func TestDeclare(t *testing.T) {
 	t.Run("queue re-declared with other arguments fails", func(t *testing.T) {
 		t.Parallel()
 		ns := stack.UniqueName("obm_test_")
-		topo := rabbitmq.Topology{Exchange: ns + ".events", Queues: []rabbitmq.Queue{{Name: ns + ".q", RoutingKeys: []string{"OrderPaid"}}}}
-		deleteAtCleanup(t, []string{topo.Exchange}, topo.Queues[0].Name)
+		topo := rabbitmq.Topology{Exchanges: []string{ns + ".events"}, Queues: []rabbitmq.Queue{{Name: ns + ".q", Bindings: bind(ns+".events", "OrderPaid")}}}
+		deleteAtCleanup(t, topo.Exchanges, topo.Queues[0].Name)
 		if err := rabbitmq.Declare(context.Background(), amqpURL(), topo); err != nil {
 			t.Fatal(err)
 		}
@@ -251,7 +264,7 @@ func TestDeclare(t *testing.T) {
 
 	t.Run("invalid topology is refused before connecting", func(t *testing.T) {
 		t.Parallel()
-		topo := rabbitmq.Topology{Queues: []rabbitmq.Queue{{Name: "a", RoutingKeys: []string{"k"}}}}
+		topo := rabbitmq.Topology{Queues: []rabbitmq.Queue{{Name: "a", Bindings: bind("x", "k")}}}
 		err := rabbitmq.Declare(context.Background(), "amqp://guest:guest@127.0.0.1:1/", topo)
 		if want := topo.Validate(); err == nil || err.Error() != want.Error() {
 			t.Errorf("got %v, want the validation error %v", err, want)
@@ -262,9 +275,45 @@ func TestDeclare(t *testing.T) {
 		t.Parallel()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		topo := rabbitmq.Topology{Exchange: "x"}
+		topo := rabbitmq.Topology{Exchanges: []string{"x"}}
 		if err := rabbitmq.Declare(ctx, "amqp://guest:guest@127.0.0.1:1/", topo); err == nil {
 			t.Error("Declare on a closed port succeeded")
 		}
 	})
+}
+
+// bind returns the bindings of keys on exchange.
+func bind(exchange string, keys ...string) []rabbitmq.Binding {
+	bindings := make([]rabbitmq.Binding, len(keys))
+	for i, key := range keys {
+		bindings[i] = rabbitmq.Binding{Exchange: exchange, RoutingKey: key}
+	}
+	return bindings
+}
+
+func TestCheckDeclared(t *testing.T) {
+	t.Parallel()
+	ns := stack.UniqueName("obm_test_")
+	exchange := ns + ".orders.events"
+	topo := rabbitmq.Topology{
+		Exchanges:       []string{exchange},
+		Queues:          []rabbitmq.Queue{{Name: ns + ".paid", Bindings: bind(exchange, "OrderPaid.*")}},
+		UnroutableQueue: ns + ".unroutable",
+	}
+	deleteAtCleanup(t, []string{exchange, topo.AlternateExchange()}, topo.Queues[0].Name, topo.UnroutableQueue)
+	err := rabbitmq.CheckDeclared(context.Background(), amqpURL(), topo)
+	if err == nil {
+		t.Fatal("CheckDeclared before Declare succeeded")
+	}
+	for _, name := range []string{"exchange " + exchange, "queue " + ns + ".paid", "queue " + ns + ".unroutable"} {
+		if !strings.Contains(err.Error(), name+" does not exist") {
+			t.Errorf("error %q does not say that %s does not exist", err, name)
+		}
+	}
+	if err := rabbitmq.Declare(context.Background(), amqpURL(), topo); err != nil {
+		t.Fatal(err)
+	}
+	if err := rabbitmq.CheckDeclared(context.Background(), amqpURL(), topo); err != nil {
+		t.Errorf("CheckDeclared after Declare: %v", err)
+	}
 }

@@ -13,7 +13,7 @@ import (
 // persistent and every publish waits for the broker's confirm.
 func PublisherConfig(url, exchange string) wmamqp.Config {
 	return wmamqp.Config{
-		Connection: wmamqp.ConnectionConfig{AmqpURI: url, Reconnect: reconnectConfig()},
+		Connection: connectionConfig(url),
 		Marshaler:  Marshaler{},
 		Exchange: wmamqp.ExchangeConfig{
 			GenerateName: wmamqp.GenerateExchangeNameConstant(exchange),
@@ -36,12 +36,13 @@ func PublisherConfig(url, exchange string) wmamqp.Config {
 // consumer of queues that Declare has already declared and bound: the
 // subscriber only consumes, and the topic it subscribes to is the queue's
 // name. prefetch bounds the unacknowledged deliveries in flight per queue.
-func SubscriberConfig(url, exchange string, prefetch int) wmamqp.Config {
+// The subscriber binds nothing, so its exchange is left unnamed.
+func SubscriberConfig(url string, prefetch int) wmamqp.Config {
 	return wmamqp.Config{
-		Connection: wmamqp.ConnectionConfig{AmqpURI: url, Reconnect: reconnectConfig()},
+		Connection: connectionConfig(url),
 		Marshaler:  Marshaler{},
 		Exchange: wmamqp.ExchangeConfig{
-			GenerateName: wmamqp.GenerateExchangeNameConstant(exchange),
+			GenerateName: wmamqp.GenerateExchangeNameConstant(""),
 			Type:         "topic",
 			Durable:      true,
 		},
@@ -72,6 +73,15 @@ func (declaredTopology) BuildTopology(*amqp.Channel, wmamqp.BuildTopologyParams,
 
 func (declaredTopology) ExchangeDeclare(*amqp.Channel, string, wmamqp.Config) error {
 	return nil
+}
+
+// connectionConfig is the connection of a Watermill publisher or
+// subscriber to the broker at url. It sets neither TLSConfig nor
+// AmqpConfig, so that amqp091-go configures the TLS of an amqps:// url
+// from its query parameters (cacertfile, certfile, keyfile,
+// server_name_indication), as Dial does.
+func connectionConfig(url string) wmamqp.ConnectionConfig {
+	return wmamqp.ConnectionConfig{AmqpURI: url, Reconnect: reconnectConfig()}
 }
 
 // reconnectConfig is Watermill's reconnect backoff capped at 5 s instead of

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/middleware"
 )
 
 // Config configures a relay. Fields marked (outboxmill) apply to the
@@ -282,7 +283,10 @@ func (f *Forwarder) Close() error {
 
 // unwrapGuard sets aside an outbox row that is not a forwarder envelope, so
 // that it does not block every row behind it (Watermill's forwarder would
-// nack it forever, or with AckWhenCannotUnwrap drop it with a log line).
+// nack it forever, or with AckWhenCannotUnwrap drop it with a log line), and
+// an envelope that no broker can take whatever its limits: a routing key or
+// header name longer than AMQP's short strings, which would be cut (and the
+// message routed elsewhere), or metadata the marshaler refuses.
 type unwrapGuard struct {
 	db     *sqlx.DB
 	outbox string
@@ -291,11 +295,13 @@ type unwrapGuard struct {
 
 func (g *unwrapGuard) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		err := CheckEnvelope(msg.Payload)
-		if err == nil {
+		topic, inner, reason := unwrap(msg.Payload)
+		if reason == "" {
+			_, reason = publishing(topic, inner, 0, 0)
+		}
+		if reason == "" {
 			return h(msg)
 		}
-		reason := err.Error()
 		if err := SetAsideRow(msg.Context(), g.db, g.outbox, msg.UUID, msg.Payload, reason); err != nil {
 			return nil, err
 		}
@@ -305,11 +311,12 @@ func (g *unwrapGuard) middleware(h message.HandlerFunc) message.HandlerFunc {
 }
 
 // SetAsideRow records an outbox row the relay cannot forward in
-// outbox_set_aside.
+// outbox_set_aside. The reason is stored as text a column takes
+// (middleware.SafeText).
 func SetAsideRow(ctx context.Context, db sqlx.ExecerContext, outboxTopic, uuid string, payload []byte, reason string) error {
 	if _, err := db.ExecContext(ctx, `
 		INSERT INTO outbox_set_aside (outbox, message_id, payload, reason) VALUES ($1, $2, $3, $4)`,
-		outboxTopic, uuid, payload, reason); err != nil {
+		outboxTopic, uuid, payload, middleware.SafeText(reason, 0)); err != nil {
 		return fmt.Errorf("set aside outbox row %s: %w", uuid, err)
 	}
 	return nil

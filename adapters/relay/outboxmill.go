@@ -341,12 +341,13 @@ func (r *Outboxmill) readBatch(ctx context.Context, pos position) (rows []row, p
 	defer rs.Close()
 	for rs.Next() {
 		var (
-			x       row
+			pos     position
+			uuid    string
 			payload sql.NullString
 			visible bool
 			ahead   bool
 		)
-		if err := rs.Scan(&x.pos.txID, &x.pos.offset, &x.uuid, &payload, &visible, &ahead); err != nil {
+		if err := rs.Scan(&pos.txID, &pos.offset, &uuid, &payload, &visible, &ahead); err != nil {
 			return nil, false, fmt.Errorf("read outbox: %w", err)
 		}
 		if ahead {
@@ -360,11 +361,7 @@ func (r *Outboxmill) readBatch(ctx context.Context, pos position) (rows []row, p
 			pending = true
 			break
 		}
-		x.topic, x.msg, x.invalid = unwrap([]byte(payload.String))
-		if x.invalid != "" {
-			x.raw = []byte(payload.String)
-		}
-		rows = append(rows, x)
+		rows = append(rows, newRow(pos, uuid, []byte(payload.String)))
 	}
 	if err := rs.Err(); err != nil {
 		return nil, false, fmt.Errorf("read outbox: %w", err)
@@ -377,6 +374,18 @@ func (r *Outboxmill) readBatch(ctx context.Context, pos position) (rows []row, p
 		}
 	}
 	return rows, pending, nil
+}
+
+// newRow turns an outbox row as read (its position, its own UUID and its
+// payload; a NULL payload is empty) into a row to forward, or to set aside
+// as AsideInvalid when the payload is not a forwarder envelope.
+func newRow(pos position, uuid string, payload []byte) row {
+	x := row{pos: pos, uuid: uuid}
+	x.topic, x.msg, x.invalid = unwrap(payload)
+	if x.invalid != "" {
+		x.raw = payload
+	}
+	return x
 }
 
 // unwrap decodes Watermill's forwarder envelope.

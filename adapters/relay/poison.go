@@ -14,6 +14,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/middleware"
 )
 
 // Kinds of set-aside outbox rows (column kind of outbox_set_aside).
@@ -45,13 +46,17 @@ type aside struct {
 }
 
 // aggregateKey is the key under which a row's events are kept in order: its
-// aggregate, or the row itself when its event names none.
+// aggregate, or the row itself when its event names none. The aggregate's
+// type and id are taken as outbox_set_aside stores them: text a column and
+// its index take (middleware.SafeMessageID), so that the key of a row read
+// from the outbox is the key of the aggregate read back from the set-aside
+// rows, and neither part holds the NUL byte that separates them.
 func aggregateKey(x row) string {
 	typ, id := x.msg.Metadata.Get(outbox.MetaAggregateType), x.msg.Metadata.Get(outbox.MetaAggregateID)
 	if id == "" {
 		return "\x00" + x.uuid
 	}
-	return typ + "\x00" + id
+	return middleware.SafeMessageID(typ) + "\x00" + middleware.SafeMessageID(id)
 }
 
 // splitKey returns the aggregate type and id stored for key.
@@ -64,13 +69,34 @@ func splitKey(key string) (typ, id string) {
 	return "", key
 }
 
-// unpublishable returns why the broker can never take pub on a connection
-// with frame size frameMax (0: unlimited) and messages of at most maxSize
-// bytes (0: unlimited), or "" if it can.
-func unpublishable(pub amqp.Publishing, frameMax, maxSize int) string {
+// publishing returns the publishing of msg to topic on a connection with
+// frame size frameMax (0: unlimited) and messages of at most maxSize bytes
+// (0: unlimited), or why the broker can never take it (see unpublishable),
+// the reason a row is set aside as AsidePoison.
+func publishing(topic string, msg *message.Message, frameMax, maxSize int) (amqp.Publishing, string) {
+	pub, err := rabbitmq.Marshaler{}.Marshal(msg)
+	if err != nil {
+		return pub, "cannot be marshaled: " + err.Error()
+	}
+	return pub, unpublishable(topic, pub, frameMax, maxSize)
+}
+
+// maxShortString is the longest AMQP short string, such as a routing key or
+// a header name. amqp091 cuts a longer one to its length modulo 256 without
+// an error: a routing key would silently route elsewhere.
+const maxShortString = 255
+
+// unpublishable returns why the broker can never take pub, published with
+// routing key topic, on a connection with frame size frameMax (0:
+// unlimited) and messages of at most maxSize bytes (0: unlimited), or "" if
+// it can.
+func unpublishable(topic string, pub amqp.Publishing, frameMax, maxSize int) string {
+	if len(topic) > maxShortString {
+		return fmt.Sprintf("its routing key is %d bytes long, more than AMQP's %d", len(topic), maxShortString)
+	}
 	for k := range pub.Headers {
-		if len(k) > 255 {
-			return fmt.Sprintf("a header name is %d bytes long, more than AMQP's 255", len(k))
+		if len(k) > maxShortString {
+			return fmt.Sprintf("a header name is %d bytes long, more than AMQP's %d", len(k), maxShortString)
 		}
 	}
 	if n := headerFrameSize(pub); frameMax > 0 && n > frameMax {
@@ -301,14 +327,11 @@ func (s *stream) release(ctx context.Context, m *entry) error {
 		if invalid != "" {
 			return s.keepSetAside(ctx, m, rec, "no longer a forwarder envelope: "+invalid)
 		}
-		pub, err := rabbitmq.Marshaler{}.Marshal(msg)
-		if err != nil {
-			return s.keepSetAside(ctx, m, rec, "cannot be marshaled: "+err.Error())
-		}
+		pub, reason := publishing(topic, msg, s.frameMax, s.r.config.MaxMessageSize)
 		if err := s.lease.check(); err != nil {
 			return s.fail(err)
 		}
-		if reason := unpublishable(pub, s.frameMax, s.r.config.MaxMessageSize); reason != "" {
+		if reason != "" {
 			return s.keepSetAside(ctx, m, rec, reason)
 		}
 		dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, s.r.config.Exchange, topic,
@@ -349,7 +372,7 @@ func (s *stream) release(ctx context.Context, m *entry) error {
 func (s *stream) keepSetAside(ctx context.Context, m *entry, rec SetAsideRecord, reason string) error {
 	if _, err := s.r.db.ExecContext(ctx, `
 		UPDATE outbox_set_aside SET reason = $2, attempts = attempts + 1, action = NULL, action_requested_at = NULL
-		WHERE id = $1`, rec.ID, reason); err != nil {
+		WHERE id = $1`, rec.ID, middleware.SafeText(reason, 0)); err != nil {
 		return fmt.Errorf("keep outbox row %d set aside: %w", rec.ID, err)
 	}
 	s.r.logger.Warn("set-aside outbox row still cannot be forwarded; it stays set aside", "id", rec.ID,
@@ -420,14 +443,32 @@ func setAsideEntry(ctx context.Context, tx *sqlx.Tx, outboxTopic string, x row) 
 	if err != nil {
 		return fmt.Errorf("set aside outbox row %s: %w", x.uuid, err)
 	}
-	typ, id := splitKey(aggregateKey(x))
+	c := asideColumnsOf(x)
 	if _, err := tx.ExecContext(ctx, `
 		INSERT INTO outbox_set_aside (outbox, message_id, payload, reason, kind, event_id, aggregate_type, aggregate_id, attempts)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-		outboxTopic, x.uuid, payload, x.aside.reason, x.aside.kind, x.msg.UUID, typ, id, x.aside.attempts); err != nil {
+		outboxTopic, x.uuid, payload, c.reason, x.aside.kind, c.eventID, c.aggregateType, c.aggregateID, x.aside.attempts); err != nil {
 		return fmt.Errorf("set aside outbox row %s: %w", x.uuid, err)
 	}
 	return nil
+}
+
+// asideColumns are the text columns of outbox_set_aside for a row set aside
+// as AsidePoison or AsideHeld.
+type asideColumns struct {
+	reason, eventID, aggregateType, aggregateID string
+}
+
+// asideColumnsOf returns the text columns stored for the poison or held row
+// x: text PostgreSQL takes, whatever the row holds. An event id or
+// aggregate that a column or index cannot take as it is (a NUL byte,
+// invalid UTF-8, more than middleware.MaxMessageIDLen bytes) is stored as
+// middleware.SafeMessageID stands for it; the envelope (column payload)
+// keeps it as it is.
+func asideColumnsOf(x row) asideColumns {
+	typ, id := splitKey(aggregateKey(x))
+	return asideColumns{reason: middleware.SafeText(x.aside.reason, 0), eventID: middleware.SafeMessageID(x.msg.UUID),
+		aggregateType: typ, aggregateID: id}
 }
 
 // wrap encodes msg for topic as Watermill's forwarder envelope, as the

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -11,11 +12,13 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/internal/instance"
 	"github.com/outboxmill/outboxmill/internal/testdb"
+	"github.com/outboxmill/outboxmill/middleware"
 )
 
 // poison turns the committed event ev into a row the broker can never take:
@@ -320,5 +323,137 @@ func TestOutboxmill_SetsAsideARowTheBrokerKeepsClosingTheChannelOn(t *testing.T)
 	}
 	if recs[1].Kind != relay.AsideHeld {
 		t.Fatalf("set aside %+v, want the next event of aggregate big held", recs[1])
+	}
+}
+
+// rewrite replaces the stored envelope of the committed event ev with what
+// edit makes of it. Go's encoder writes a NUL byte as \u0000, which a json
+// column keeps (and a cast to jsonb refuses: rewrite such rows last).
+func (f *fixture) rewrite(ev domain.Event, edit func(env map[string]any)) {
+	f.t.Helper()
+	var stored struct {
+		Offset  int64  `db:"offset"`
+		Payload string `db:"payload"`
+	}
+	// The envelope's uuid is the event id in plain text; its payload is
+	// base64, so the id appears once.
+	if err := f.db.Get(&stored, `SELECT "offset", payload::text AS payload FROM `+testdb.Outbox.Table()+`
+		WHERE strpos(payload::text, $1) > 0`, `"`+ev.ID+`"`); err != nil {
+		f.t.Fatal(err)
+	}
+	var env map[string]any
+	if err := json.Unmarshal([]byte(stored.Payload), &env); err != nil {
+		f.t.Fatal(err)
+	}
+	edit(env)
+	b, err := json.Marshal(env)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if _, err := f.db.Exec(`UPDATE `+testdb.Outbox.Table()+` SET payload = $1::json WHERE "offset" = $2`, string(b), stored.Offset); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// A poison row whose event id or aggregate PostgreSQL cannot store or index
+// as it is (a NUL byte, an aggregate id of 5000 bytes) is set aside all the
+// same, those columns holding middleware.SafeMessageID's stand-in and the
+// envelope kept as it is; the rows of its aggregate are held behind it
+// under that stand-in, and a discard releases them. The relay does not
+// stop on them.
+func TestOutboxmill_SetsAsidePoisonRowsWithTextPostgresCannotStore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := newFixture(t)
+	d := f.bindQueue("#")
+	long := f.commit("long", 1)
+	nul := f.commit("nul", 1)
+	held := f.commit("nul", 2)
+	f.poison(long)
+	f.poison(nul)
+	longType, longID := "Order\x00type", strings.Repeat("a", 5000)
+	f.rewrite(long, func(env map[string]any) {
+		meta := env["metadata"].(map[string]any)
+		meta[outbox.MetaAggregateType], meta[outbox.MetaAggregateID] = longType, longID
+	})
+	nulID := nul.ID + "\x00tail"
+	f.rewrite(nul, func(env map[string]any) { env["uuid"] = nulID })
+	other := f.commit("other", 1)
+	cfg := f.config()
+	cfg.ReleaseInterval = 20 * time.Millisecond
+	cfg.Logger = quiet()
+	f.start(cfg)
+
+	f.expectOnly(d, []string{other.ID})
+	recs := f.waitSetAside(3)
+	byEvent := map[string]relay.SetAsideRecord{}
+	for _, r := range recs {
+		byEvent[*r.EventID] = r
+	}
+	l, ok := byEvent[long.ID]
+	if !ok || l.Kind != relay.AsidePoison || *l.AggregateType != middleware.SafeMessageID(longType) ||
+		*l.AggregateID != middleware.SafeMessageID(longID) {
+		t.Fatalf("set aside %+v, want event %s as poison under the stand-ins of its aggregate", recs, long.ID)
+	}
+	n, ok := byEvent[middleware.SafeMessageID(nulID)]
+	if !ok || n.Kind != relay.AsidePoison || *n.AggregateID != "nul" {
+		t.Fatalf("set aside %+v, want event %q as poison under its id's stand-in", recs, nulID)
+	}
+	var kept struct {
+		UUID string `json:"uuid"`
+	}
+	if err := json.Unmarshal(n.Payload, &kept); err != nil || kept.UUID != nulID {
+		t.Fatalf("the set-aside envelope holds uuid %q (%v), want %q as it was", kept.UUID, err, nulID)
+	}
+	h, ok := byEvent[held.ID]
+	if !ok || h.Kind != relay.AsideHeld || !strings.Contains(h.Reason, middleware.SafeMessageID(nulID)) {
+		t.Fatalf("set aside %+v, want event %s held behind %q", recs, held.ID, nulID)
+	}
+
+	if _, err := relay.DiscardSetAside(ctx, f.db, n.ID, quiet()); !errors.Is(err, relay.ErrReleaseRequested) {
+		t.Fatalf("discard: %v, want ErrReleaseRequested", err)
+	}
+	awaitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, err := relay.AwaitRelease(awaitCtx, f.db, n.ID); err != nil {
+		t.Fatalf("await discard: %v", err)
+	}
+	if got := receive(t, d, 1, time.Minute); got[0].id != held.ID {
+		t.Fatalf("delivered %+v after the discard, want the held event %s", got, held.ID)
+	}
+}
+
+// A row whose destination is longer than an AMQP routing key (255 bytes) is
+// set aside by either relay: amqp091 would send the key's length modulo 256
+// and the event would reach the queues of another key ("Trap.1" here).
+func TestRelays_SetAsideARowWhoseRoutingKeyIsTooLong(t *testing.T) {
+	t.Parallel()
+	for kind, wantKind := range map[string]string{relay.KindOutboxmill: relay.AsidePoison, relay.KindWatermill: relay.AsideInvalid} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			d := f.bindQueue("#")
+			trap := f.commit("trap", 1)
+			f.rewrite(trap, func(env map[string]any) { env["destination_topic"] = "Trap.1" + strings.Repeat("x", 256) })
+			cfg := f.config()
+			cfg.Logger = quiet()
+			r, err := relay.New(f.db, kind, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- r.Run(context.Background()) }()
+			t.Cleanup(func() {
+				if err := errors.Join(r.Close(), <-done); err != nil {
+					t.Errorf("relay: %v", err)
+				}
+			})
+
+			recs := f.waitSetAside(1)
+			if recs[0].Kind != wantKind || !strings.Contains(recs[0].Reason, "routing key") {
+				t.Fatalf("set aside %+v, want kind %s with a reason naming the routing key", recs[0], wantKind)
+			}
+			f.expectOnly(d, nil)
+		})
 	}
 }

@@ -10,8 +10,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/internal/trace"
+	"github.com/outboxmill/outboxmill/middleware"
 )
 
 // stream publishes the rows read from the outbox on one broker channel.
@@ -241,19 +241,15 @@ func (s *stream) dispatch(ctx context.Context) error {
 }
 
 // precheck marshals e's message and returns why the broker can never take
-// it, if it cannot: headers that do not fit in one frame (the broker closes
-// the connection with FRAME_ERROR), a body over Config.MaxMessageSize, a
-// header name over 255 bytes, or a row the broker closed the connection on
-// Config.MaxAttempts times.
+// it, if it cannot: metadata the marshaler refuses, headers that do not fit
+// in one frame (the broker closes the connection with FRAME_ERROR), a body
+// over Config.MaxMessageSize, a routing key or header name over 255 bytes,
+// or a row the broker closed the connection on Config.MaxAttempts times.
 func (s *stream) precheck(e *entry) (amqp.Publishing, string) {
 	if reason := s.r.poisonReason(e.pos); reason != "" {
 		return amqp.Publishing{}, reason
 	}
-	pub, err := rabbitmq.Marshaler{}.Marshal(e.msg)
-	if err != nil {
-		return pub, "cannot be marshaled: " + err.Error()
-	}
-	return pub, unpublishable(pub, s.frameMax, s.r.config.MaxMessageSize)
+	return publishing(e.topic, e.msg, s.frameMax, s.r.config.MaxMessageSize)
 }
 
 // poison sets e aside as a row that cannot be forwarded and holds the rest
@@ -269,8 +265,14 @@ func (s *stream) poison(e *entry, reason string) {
 	delete(s.queues, e.key)
 	s.blocked[e.key] = e.seq
 	for _, x := range q[1:] {
-		s.hold(x, "held behind event "+e.msg.UUID+": "+reason)
+		s.hold(x, heldBehind(e.msg.UUID, reason))
 	}
+}
+
+// heldBehind is the reason a row is held behind the poison row of event
+// eventID, set aside for reason.
+func heldBehind(eventID, reason string) string {
+	return "held behind event " + middleware.SafeMessageID(eventID) + ": " + reason
 }
 
 // settleConfirms settles the confirms that have come, oldest publish first.

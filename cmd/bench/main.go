@@ -18,6 +18,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -32,10 +33,12 @@ import (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	os.Exit(run(os.Args[1:], os.Stderr))
 }
 
-func run(args []string) int {
+// run runs the benchmark with args, writing progress and errors to stderr
+// and the report to stdout, and returns the exit code.
+func run(args []string, stderr io.Writer) int {
 	servers := stack.EnvFromEnvironment()
 	full, short := bench.FullConfig("", ""), bench.QuickConfig("", "")
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -43,13 +46,13 @@ func run(args []string) int {
 	out := fs.String("out", "bench-out", "directory the report is written to")
 	kinds := fs.String("relay-kinds", "watermill,outboxmill", "relay.New kinds measured as Outboxmill's pipeline (comma-separated); a kind the build does not know is skipped with a note")
 	baselines := fs.String("baselines", "naive,stock,tuned", "baselines measured (comma-separated subset of naive, stock, tuned, or none)")
-	reps := fs.Int("reps", 2, "repetitions of each figure (at least 2)")
-	loads := fs.String("loads", "", fmt.Sprintf("offered loads of the latency figures, events/s, comma-separated (default %s; quick %s)", joinInts(full.Loads), joinInts(short.Loads)))
-	backlog := fs.Int("backlog", 0, fmt.Sprintf("events pre-filled for the drain rate (default %d; quick %d)", full.Backlog, short.Backlog))
-	relayPoll := fs.Duration("relay-poll", 0, "poll interval given to relay.New (0: each kind's default)")
-	tunedPoll := fs.Duration("tuned-poll", full.TunedPollInterval, "poll interval of the tuned Watermill forwarder")
-	tunedBatch := fs.Int("tuned-batch", full.TunedBatchSize, "select batch size of the tuned Watermill forwarder")
-	tunedPool := fs.Int("tuned-pool", full.TunedChannelPool, "AMQP channel pool size of the tuned Watermill forwarder")
+	reps := fs.Int("reps", 2, "repetitions of each figure, 2..100")
+	loads := fs.String("loads", "", fmt.Sprintf("offered loads of the latency figures, events/s (1..1000000 each, increasing), comma-separated (default %s; quick %s)", joinInts(full.Loads), joinInts(short.Loads)))
+	backlog := fs.Int("backlog", 0, fmt.Sprintf("events pre-filled for the drain rate, 0..10000000 (0: the default, %d; quick %d)", full.Backlog, short.Backlog))
+	relayPoll := fs.Duration("relay-poll", 0, "poll interval given to relay.New, 0..10m (0: each kind's default)")
+	tunedPoll := fs.Duration("tuned-poll", full.TunedPollInterval, "poll interval of the tuned Watermill forwarder, 1ms..10m")
+	tunedBatch := fs.Int("tuned-batch", full.TunedBatchSize, "select batch size of the tuned Watermill forwarder, 1..100000")
+	tunedPool := fs.Int("tuned-pool", full.TunedChannelPool, "AMQP channel pool size of the tuned Watermill forwarder, 1..2047")
 	consumerKind := fs.String("consumer", full.Consumer, "settlement consumer of the pipelines: batch or router")
 	stages := fs.Bool("stages", false, "note with each latency figure how long events took between the stages of the pipeline (commit, read, published, received, started, handled)")
 	adminURL := fs.String("database-url", servers.AdminDatabaseURL, "PostgreSQL URL of a user that may create databases (env OUTBOXMILL_ADMIN_DATABASE_URL)")
@@ -58,8 +61,12 @@ func run(args []string) int {
 	readme := fs.String("readme", "", "when set, replace the benchmark results between the bench markers of this README with this run's")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (the bench, its relays and consumers, not the servers) to this file, for go tool pprof")
 	render := fs.String("render", "", "render the report in this bench.json again (table, chart, -readme) instead of running")
-	if ok, code := cli.Parse(fs, args, os.Stderr); !ok {
+	if ok, code := cli.Parse(fs, args, stderr); !ok {
 		return code
+	}
+	if err := checkFlags(*reps, *backlog, *relayPoll, *tunedPoll, *tunedBatch, *tunedPool); err != nil {
+		fmt.Fprintf(stderr, "bench: %v\n", err)
+		return 2
 	}
 
 	cfg := bench.FullConfig(*adminURL, *amqpURL)
@@ -86,48 +93,52 @@ func run(args []string) int {
 		for _, s := range splitList(*loads) {
 			n, err := strconv.Atoi(s)
 			if err != nil {
-				fmt.Fprintf(os.Stderr, "bench: -loads: %q is not a whole number of events per second\n", s)
+				fmt.Fprintf(stderr, "bench: -loads: %q is not a whole number of events per second\n", s)
+				return 2
+			}
+			if n < 1 || n > maxLoad {
+				fmt.Fprintf(stderr, "bench: -loads: %d events/s is outside 1..%d\n", n, maxLoad)
 				return 2
 			}
 			cfg.Loads = append(cfg.Loads, n)
 		}
 	}
 	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return 2
 	}
 
 	if err := os.MkdirAll(*out, 0o755); err != nil {
-		fmt.Fprintf(os.Stderr, "bench: create output directory: %v\n", err)
+		fmt.Fprintf(stderr, "bench: create output directory: %v\n", err)
 		return 2
 	}
 	logFile, err := os.Create(filepath.Join(*out, "bench.log"))
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return 2
 	}
 	defer logFile.Close()
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(strings.ToUpper(*logLevel))); err != nil {
-		fmt.Fprintf(os.Stderr, "bench: -log-level %q: want debug, info, warn or error\n", *logLevel)
+		fmt.Fprintf(stderr, "bench: -log-level %q: want debug, info, warn or error\n", *logLevel)
 		return 2
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(logFile, &slog.HandlerOptions{Level: level}))
-	cfg.Progress = os.Stderr
+	cfg.Progress = stderr
 
 	if *render != "" {
-		return renderAgain(*render, *out, *readme)
+		return renderAgain(*render, *out, *readme, stderr)
 	}
 
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "bench: -cpuprofile: %v\n", err)
+			fmt.Fprintf(stderr, "bench: -cpuprofile: %v\n", err)
 			return 2
 		}
 		defer f.Close()
 		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintf(os.Stderr, "bench: -cpuprofile: %v\n", err)
+			fmt.Fprintf(stderr, "bench: -cpuprofile: %v\n", err)
 			return 2
 		}
 		defer pprof.StopCPUProfile()
@@ -138,21 +149,21 @@ func run(args []string) int {
 	report, err := bench.Run(ctx, cfg)
 	if err != nil && ctx.Err() != nil {
 		if errors.Is(err, bench.ErrCleanup) {
-			fmt.Fprintf(os.Stderr, "bench: interrupted; %v\n", err)
+			fmt.Fprintf(stderr, "bench: interrupted; %v\n", err)
 		} else {
-			fmt.Fprintln(os.Stderr, "bench: interrupted; the run's databases and broker objects were removed")
+			fmt.Fprintln(stderr, "bench: interrupted; the run's databases and broker objects were removed")
 		}
 		return 2
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		fmt.Fprintf(stderr, "bench: %v\n", err)
 		if report == nil || len(report.Figures) == 0 {
 			return 2
 		}
-		fmt.Fprintln(os.Stderr, "bench: writing the figures measured before the failure")
+		fmt.Fprintln(stderr, "bench: writing the figures measured before the failure")
 	}
 	if werr := writeOutputs(*out, report); werr != nil {
-		fmt.Fprintf(os.Stderr, "bench: %v\n", werr)
+		fmt.Fprintf(stderr, "bench: %v\n", werr)
 		return 2
 	}
 	fmt.Println()
@@ -166,20 +177,20 @@ func run(args []string) int {
 	fmt.Printf("\nwritten to %s: bench.json, table.txt, table.md, latency.svg, bench.log\n", *out)
 	switch {
 	case *readme != "" && !report.OK:
-		fmt.Fprintf(os.Stderr, "bench: %s left as it was: this run failed its integrity check\n", *readme)
+		fmt.Fprintf(stderr, "bench: %s left as it was: this run failed its integrity check\n", *readme)
 	case *readme != "" && err == nil:
 		if rerr := updateReadme(*readme, report); rerr != nil {
-			fmt.Fprintf(os.Stderr, "bench: %v\n", rerr)
+			fmt.Fprintf(stderr, "bench: %v\n", rerr)
 			return 2
 		}
 		fmt.Printf("updated the benchmark results in %s\n", *readme)
 	}
 	if !report.OK {
-		fmt.Fprintln(os.Stderr)
-		fmt.Fprintln(os.Stderr, "!!! THE INTEGRITY CHECK FAILED: LOST, DOUBLED OR MISCOUNTED EVENTS !!!")
+		fmt.Fprintln(stderr)
+		fmt.Fprintln(stderr, "!!! THE INTEGRITY CHECK FAILED: LOST, DOUBLED OR MISCOUNTED EVENTS !!!")
 		for _, in := range report.Integrity {
 			if !in.OK() {
-				fmt.Fprintf(os.Stderr, "!!! %s: %s\n", in.Variant, in)
+				fmt.Fprintf(stderr, "!!! %s: %s\n", in.Variant, in)
 			}
 		}
 		return 1
@@ -192,30 +203,70 @@ func run(args []string) int {
 
 // renderAgain writes the outputs of the report saved in path, and updates
 // readme when it is not empty.
-func renderAgain(path, out, readme string) int {
+func renderAgain(path, out, readme string, stderr io.Writer) int {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return 2
 	}
 	var report bench.Report
 	if err := json.Unmarshal(b, &report); err != nil {
-		fmt.Fprintf(os.Stderr, "bench: %s is not a bench report: %v\n", path, err)
+		fmt.Fprintf(stderr, "bench: %s is not a bench report: %v\n", path, err)
 		return 2
 	}
 	if err := writeOutputs(out, &report); err != nil {
-		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return 2
 	}
 	_ = report.WriteTable(os.Stdout)
 	if readme != "" {
 		if err := updateReadme(readme, &report); err != nil {
-			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+			fmt.Fprintf(stderr, "bench: %v\n", err)
 			return 2
 		}
 		fmt.Printf("updated the benchmark results in %s\n", readme)
 	}
 	return 0
+}
+
+// Ranges of the numeric flags.
+const (
+	maxReps    = 100
+	maxBacklog = 10_000_000
+	maxLoad    = 1_000_000
+	maxPoll    = 10 * time.Minute
+	// maxTunedBatch bounds the select batch of the tuned forwarder.
+	maxTunedBatch = 100_000
+	// maxTunedPool is RabbitMQ's default channel_max: a connection opens
+	// no more channels.
+	maxTunedPool = 2047
+)
+
+// checkFlags checks the numeric flags against their ranges and returns an
+// error naming the first out of range.
+func checkFlags(reps, backlog int, relayPoll, tunedPoll time.Duration, tunedBatch, tunedPool int) error {
+	for _, f := range []struct {
+		name   string
+		value  int
+		lo, hi int
+		note   string
+	}{
+		{"-reps", reps, 2, maxReps, ""},
+		{"-backlog", backlog, 0, maxBacklog, " (0: the mode's default)"},
+		{"-tuned-batch", tunedBatch, 1, maxTunedBatch, ""},
+		{"-tuned-pool", tunedPool, 1, maxTunedPool, " (RabbitMQ's default channel_max)"},
+	} {
+		if f.value < f.lo || f.value > f.hi {
+			return fmt.Errorf("%s %d is outside %d..%d%s", f.name, f.value, f.lo, f.hi, f.note)
+		}
+	}
+	if relayPoll < 0 || relayPoll > maxPoll {
+		return fmt.Errorf("-relay-poll %s is outside 0..%s (0: each kind's default)", relayPoll, maxPoll)
+	}
+	if tunedPoll < time.Millisecond || tunedPoll > maxPoll {
+		return fmt.Errorf("-tuned-poll %s is outside 1ms..%s", tunedPoll, maxPoll)
+	}
+	return nil
 }
 
 func splitList(s string) []string {

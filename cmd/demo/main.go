@@ -83,6 +83,9 @@ type config struct {
 	sharedDatabase bool
 	// keep leaves the databases and broker objects in place at the end.
 	keep bool
+	// leastPrivilege runs the services under runtime roles and scoped
+	// broker users (stack.Config.LeastPrivilege).
+	leastPrivilege bool
 	// env holds the servers.
 	env stack.Env
 }
@@ -102,18 +105,19 @@ func parseFlags(args []string, stderr io.Writer) (config, int, error) {
 			"Exits 0 only if nothing is missing, doubled or wrong and the round trip is complete.\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	fs.IntVar(&cfg.orders, "orders", 3000, "number of orders to place")
-	fs.IntVar(&cfg.concurrency, "concurrency", 16, "orders in flight at once")
+	fs.IntVar(&cfg.orders, "orders", 3000, "number of orders to place, 1..1000000")
+	fs.IntVar(&cfg.concurrency, "concurrency", 16, "orders in flight at once, 1..256")
 	fs.Float64Var(&cfg.cancelRatio, "cancel-ratio", 0.15, "share of orders cancelled instead of paid (0 to 1)")
 	fs.Float64Var(&cfg.idempotencyRatio, "idempotency-ratio", 0.1, "share of orders placed with an Idempotency-Key and sent twice (0 to 1)")
 	fs.Float64Var(&cfg.invalidRatio, "invalid-ratio", 0.03, "share of orders that also get an invalid operation the API must refuse (0 to 1)")
 	fs.Uint64Var(&cfg.seed, "seed", 1, "seed of the per-order choices (amounts, currencies, which orders are cancelled)")
-	fs.DurationVar(&cfg.timeout, "timeout", 3*time.Minute, "how long to wait, after the last request, for every paid order to be settled and shown settled by orders")
+	fs.DurationVar(&cfg.timeout, "timeout", 3*time.Minute, "how long to wait, after the last request, for every paid order to be settled and shown settled by orders (at most 24h)")
 	fs.StringVar(&cfg.binDir, "bin-dir", "bin", "directory holding the built orders and settlement commands (monolith with -monolith)")
 	fs.BoolVar(&cfg.monolith, "monolith", false, "run both modules in one monolith process instead of the orders and settlement services")
 	fs.StringVar(&cfg.logDir, "log-dir", "", "directory for orders.log and settlement.log, or monolith.log (default: a new temporary directory)")
 	fs.BoolVar(&cfg.sharedDatabase, "shared-database", false, "put both modules in one database instead of one each")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the databases and broker objects at the end")
+	fs.BoolVar(&cfg.leastPrivilege, "least-privilege", false, "run the services as in production: migrated by a migrator role, then under a runtime role per module and a broker user per service that may only publish to its own exchange and read its own queues (needs rabbitmqctl for the local broker)")
 	cfg.env.AdminDatabaseURL, cfg.env.AMQPURL = env.AdminDatabaseURL, env.AMQPURL
 	fs.Var(cli.NewSecretURL(&cfg.env.AdminDatabaseURL), "admin-database-url", "PostgreSQL `URL` of a user that may create databases (env OUTBOXMILL_ADMIN_DATABASE_URL)")
 	fs.Var(cli.NewSecretURL(&cfg.env.AMQPURL), "amqp-url", "RabbitMQ `URL` with virtual host (env AMQP_URL)")
@@ -137,6 +141,9 @@ func parseFlags(args []string, stderr io.Writer) (config, int, error) {
 	return cfg, exitOK, nil
 }
 
+// maxTimeout bounds -timeout.
+const maxTimeout = 24 * time.Hour
+
 // validate checks the configuration, including that the commands to start
 // were built.
 func (c config) validate() error {
@@ -155,8 +162,8 @@ func (c config) validate() error {
 			errs = append(errs, fmt.Errorf("%s must be between 0 and 1, got %v", r.name, r.value))
 		}
 	}
-	if c.timeout <= 0 {
-		errs = append(errs, fmt.Errorf("-timeout must be positive, got %s", c.timeout))
+	if c.timeout <= 0 || c.timeout > maxTimeout {
+		errs = append(errs, fmt.Errorf("-timeout must be positive and at most %s, got %s", maxTimeout, c.timeout))
 	}
 	commands := stack.Config{Monolith: c.monolith}.Commands()
 	var pkgs []string
@@ -218,6 +225,7 @@ func (d *demo) run(ctx context.Context) int {
 		Prefix:         "obm_demo_",
 		SharedDatabase: cfg.sharedDatabase,
 		Monolith:       cfg.monolith,
+		LeastPrivilege: cfg.leastPrivilege,
 	})
 	if err != nil {
 		d.logf("create databases: %v", err)
@@ -332,7 +340,7 @@ func (d *demo) shutdown(s *stack.Stack, interrupted bool) bool {
 			dbs += " and " + s.SettleDB
 		}
 		names := module.Names{Namespace: s.Namespace}
-		d.logf("kept database %s, exchange %s and the queues %s.*", dbs, names.Exchange(), s.Namespace)
+		d.logf("kept database %s, the exchanges %s and %s and the queues %s.*", dbs, names.Exchange("orders"), names.Exchange("settlement"), s.Namespace)
 		return clean
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -469,7 +469,7 @@ func (s *testStack) publish(events ...domain.Event) {
 	if err := ch.Confirm(false); err != nil {
 		s.t.Fatal(err)
 	}
-	exchange := module.Names{Namespace: s.ns}.Exchange()
+	exchange := module.Names{Namespace: s.ns}.Exchange("orders")
 	for _, ev := range events {
 		msg, err := outbox.Encode(ev)
 		if err != nil {

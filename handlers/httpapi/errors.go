@@ -1,8 +1,3 @@
-// Package httpapi holds the JSON HTTP APIs of the sample services: orders
-// (place, pay, cancel, get) and settlement (get an order's ledger entries).
-//
-// Errors have one shape, {"error":{"code":"...","message":"..."}}, and are
-// mapped to a status in exactly one function, WriteError.
 package httpapi
 
 import (
@@ -44,7 +39,10 @@ type errorBody struct {
 // WriteError writes err as a JSON error with the status its kind maps to:
 // an *Error its own, a *domain.ValidationError 400, a
 // *domain.TransitionError 409, app.ErrVersionConflict 409, app.ErrNotFound
-// 404, anything else 500 (logged, and shown as "internal error").
+// 404, anything else 500 (logged, and shown as "internal error", so that no
+// SQL, server detail or stack reaches the client). The messages of the 4xx
+// kinds are shown: an app.ErrNotFound is to be wrapped only with what a
+// client may read, such as the id it asked for.
 func WriteError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err error) {
 	status, code, msg := http.StatusInternalServerError, "internal", "internal error"
 	var (
@@ -66,9 +64,7 @@ func WriteError(w http.ResponseWriter, r *http.Request, logger *slog.Logger, err
 	default:
 		logger.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
-	var body errorBody
-	body.Error.Code, body.Error.Message = code, msg
-	WriteJSON(w, status, body)
+	writeProblem(w, status, code, msg)
 }
 
 // WriteJSON writes v as JSON with status.
@@ -78,9 +74,9 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// notFound answers requests for paths the API does not have.
-func notFound(w http.ResponseWriter, r *http.Request) {
+// writeProblem writes the JSON error of status with code and msg.
+func writeProblem(w http.ResponseWriter, status int, code, msg string) {
 	var body errorBody
-	body.Error.Code, body.Error.Message = "not_found", "no such endpoint: "+r.Method+" "+r.URL.Path
-	WriteJSON(w, http.StatusNotFound, body)
+	body.Error.Code, body.Error.Message = code, msg
+	WriteJSON(w, status, body)
 }

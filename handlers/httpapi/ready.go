@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -16,27 +17,90 @@ type Check struct {
 	Check func(ctx context.Context) error
 }
 
+// The values of ReadyJSON.Checks.
+const (
+	CheckOK          = "ok"
+	CheckUnavailable = "unavailable"
+)
+
 // ReadyJSON is the answer of GET /readyz.
 type ReadyJSON struct {
 	// Status is "ready" or "not_ready".
 	Status string `json:"status"`
-	// Checks maps each dependency to "ok" or the reason it failed.
+	// Checks maps each dependency to CheckOK or CheckUnavailable; why one is
+	// unavailable goes to the log only, since the reason may name users,
+	// hosts or databases.
 	Checks map[string]string `json:"checks"`
 }
 
-// Readiness serves GET /readyz: 200 when every check passes, 503 naming the
-// failing ones otherwise. /healthz, in contrast, only says the process
-// serves.
-type Readiness struct {
-	checks  []Check
-	timeout time.Duration
-	logger  *slog.Logger
+// ReadinessConfig configures the readiness endpoint.
+type ReadinessConfig struct {
+	// Checks are the dependencies to check.
+	Checks []Check
+	// Timeout bounds one run of the checks; default 5 s.
+	Timeout time.Duration
+	// CacheFor is how long the answer of a run is reused: the checks start
+	// at most once per CacheFor, and requests that arrive while they run
+	// share that run. Default 1 s.
+	CacheFor time.Duration
+	// Logger receives the reasons of failed checks, once per run; default
+	// slog.Default().
+	Logger *slog.Logger
 }
 
-// NewReadiness returns the readiness endpoint running checks, each bounded
-// by timeout.
-func NewReadiness(timeout time.Duration, logger *slog.Logger, checks ...Check) *Readiness {
-	return &Readiness{checks: checks, timeout: timeout, logger: logger}
+func (c *ReadinessConfig) setDefaults() {
+	if c.Timeout == 0 {
+		c.Timeout = 5 * time.Second
+	}
+	if c.CacheFor == 0 {
+		c.CacheFor = time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Validate checks the configuration, after defaults are applied.
+func (c ReadinessConfig) Validate() error {
+	c.setDefaults()
+	var errs []error
+	for _, check := range c.Checks {
+		if check.Name == "" || check.Check == nil {
+			errs = append(errs, errors.New("readiness: a check needs a name and a function"))
+		}
+	}
+	if c.Timeout < 0 || c.CacheFor < 0 {
+		errs = append(errs, errors.New("readiness: timeout and cache duration must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// Readiness serves GET /readyz: 200 when every check passes, 503 otherwise,
+// each check said to be ok or unavailable and nothing more. /healthz, in
+// contrast, only says the process serves.
+type Readiness struct {
+	config ReadinessConfig
+
+	mu   sync.Mutex
+	last *readyRun // the run in flight or the latest one
+}
+
+// readyRun is one run of the checks; status and body are set before done
+// closes.
+type readyRun struct {
+	started time.Time
+	done    chan struct{}
+	status  int
+	body    ReadyJSON
+}
+
+// NewReadiness returns the readiness endpoint of config.
+func NewReadiness(config ReadinessConfig) (*Readiness, error) {
+	config.setDefaults()
+	if err := config.Validate(); err != nil {
+		return nil, err
+	}
+	return &Readiness{config: config}, nil
 }
 
 // Register adds GET /readyz to mux.
@@ -45,28 +109,61 @@ func (h *Readiness) Register(mux *http.ServeMux) {
 }
 
 func (h *Readiness) ready(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), h.timeout)
+	run, own := h.current()
+	if own {
+		h.run(context.WithoutCancel(r.Context()), run)
+	}
+	select {
+	case <-run.done:
+		WriteJSON(w, run.status, run.body)
+	case <-r.Context().Done():
+		// The client left; nobody reads an answer.
+	}
+}
+
+// current returns the run whose answer a request gets: the one in flight,
+// the latest if it started less than CacheFor ago, or a new one, which the
+// caller must run (own).
+func (h *Readiness) current() (run *readyRun, own bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if last := h.last; last != nil {
+		select {
+		case <-last.done:
+			if time.Since(last.started) < h.config.CacheFor {
+				return last, false
+			}
+		default:
+			return last, false
+		}
+	}
+	h.last = &readyRun{started: time.Now(), done: make(chan struct{})}
+	return h.last, true
+}
+
+// run runs the checks at once, bounded by the timeout whatever becomes of
+// the request that started them (ctx is not cancelled with it), and records
+// the answer in run.
+func (h *Readiness) run(ctx context.Context, run *readyRun) {
+	defer close(run.done)
+	ctx, cancel := context.WithTimeout(ctx, h.config.Timeout)
 	defer cancel()
-	results := make([]error, len(h.checks))
+	checks := h.config.Checks
+	results := make([]error, len(checks))
 	var wg sync.WaitGroup
-	for i, c := range h.checks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = c.Check(ctx)
-		}()
+	for i, c := range checks {
+		wg.Go(func() { results[i] = c.Check(ctx) })
 	}
 	wg.Wait()
-	body := ReadyJSON{Status: "ready", Checks: make(map[string]string, len(h.checks))}
-	status := http.StatusOK
-	for i, c := range h.checks {
+	run.status = http.StatusOK
+	run.body = ReadyJSON{Status: "ready", Checks: make(map[string]string, len(checks))}
+	for i, c := range checks {
 		if err := results[i]; err != nil {
-			body.Checks[c.Name] = err.Error()
-			body.Status, status = "not_ready", http.StatusServiceUnavailable
-			h.logger.Warn("not ready", "dependency", c.Name, "err", err)
+			run.body.Checks[c.Name] = CheckUnavailable
+			run.body.Status, run.status = "not_ready", http.StatusServiceUnavailable
+			h.config.Logger.Warn("not ready", "dependency", c.Name, "err", err)
 			continue
 		}
-		body.Checks[c.Name] = "ok"
+		run.body.Checks[c.Name] = CheckOK
 	}
-	WriteJSON(w, status, body)
 }

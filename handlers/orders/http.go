@@ -16,6 +16,16 @@ import (
 // maxIdempotencyKeyLen bounds the Idempotency-Key header.
 const maxIdempotencyKeyLen = 255
 
+// The API's statuses: 200, 201 (placed), 400 malformed_request or invalid,
+// 404 not_found (an unknown order, or an id no order could have: not valid
+// UTF-8, a control character, longer than httpapi.MaxIDBytes), 405
+// method_not_allowed, 409 invalid_transition or version_conflict, 413
+// body_too_large, 415 unsupported_media_type, 422 idempotency_key_reused,
+// 503 overloaded (the server's bound on concurrent requests). Bodies are
+// decoded by httpapi.DecodeJSON; the Idempotency-Key header is checked by
+// httpapi.HeaderText (400 when malformed); a GET with a body is a 400
+// (httpapi.Handler).
+
 // OrderJSON is an order as the API shows it.
 type OrderJSON struct {
 	ID         string `json:"id"`
@@ -54,7 +64,8 @@ func (h *API) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	httpapi.WriteError(w, r, h.logger, err)
 }
 
-// Register adds the API's routes to mux.
+// Register adds the API's routes to mux: POST /orders, GET /orders/{id},
+// POST /orders/{id}/pay and POST /orders/{id}/cancel.
 func (h *API) Register(mux *http.ServeMux) {
 	mux.HandleFunc("POST /orders", h.place)
 	mux.HandleFunc("GET /orders/{id}", h.get)
@@ -72,9 +83,9 @@ func (h *API) place(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, err)
 		return
 	}
-	key := r.Header.Get("Idempotency-Key")
-	if len(key) > maxIdempotencyKeyLen {
-		h.writeError(w, r, httpapi.BadRequest("Idempotency-Key must be at most 255 bytes"))
+	key, err := httpapi.HeaderText(r, "Idempotency-Key", maxIdempotencyKeyLen)
+	if err != nil {
+		h.writeError(w, r, err)
 		return
 	}
 	order, created, err := h.orders.Place(r.Context(), orderapp.PlaceOrder{
@@ -93,7 +104,12 @@ func (h *API) place(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *API) get(w http.ResponseWriter, r *http.Request) {
-	order, err := h.orders.Get(r.Context(), r.PathValue("id"))
+	id, err := httpapi.PathID(r, "id")
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	order, err := h.orders.Get(r.Context(), id)
 	if err != nil {
 		h.writeError(w, r, err)
 		return
@@ -105,11 +121,15 @@ func (h *API) pay(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Amount int64 `json:"amount"`
 	}
-	if err := httpapi.DecodeJSON(w, r, &body); err != nil {
+	id, err := httpapi.PathID(r, "id")
+	if err == nil {
+		err = httpapi.DecodeJSON(w, r, &body)
+	}
+	if err != nil {
 		h.writeError(w, r, err)
 		return
 	}
-	order, err := h.orders.Pay(r.Context(), r.PathValue("id"), body.Amount)
+	order, err := h.orders.Pay(r.Context(), id, body.Amount)
 	if err != nil {
 		h.writeError(w, r, err)
 		return
@@ -117,15 +137,18 @@ func (h *API) pay(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, orderJSON(order))
 }
 
+// cancel takes no body or an empty JSON object, however the body is framed.
 func (h *API) cancel(w http.ResponseWriter, r *http.Request) {
-	if r.ContentLength > 0 {
-		var body struct{}
-		if err := httpapi.DecodeJSON(w, r, &body); err != nil {
-			h.writeError(w, r, err)
-			return
-		}
+	var body struct{}
+	id, err := httpapi.PathID(r, "id")
+	if err == nil {
+		err = httpapi.DecodeOptionalJSON(w, r, &body)
 	}
-	order, err := h.orders.Cancel(r.Context(), r.PathValue("id"))
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	order, err := h.orders.Cancel(r.Context(), id)
 	if err != nil {
 		h.writeError(w, r, err)
 		return

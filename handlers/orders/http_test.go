@@ -1,9 +1,12 @@
 package orders_test
 
 import (
+	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -11,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	orderapp "github.com/outboxmill/outboxmill/app/orders"
 	orderhandlers "github.com/outboxmill/outboxmill/handlers/orders"
@@ -31,12 +35,20 @@ type ordersAPI struct {
 
 func newOrdersAPI(t *testing.T) *ordersAPI {
 	t.Helper()
+	db, handler := newOrdersHandler(t)
+	srv := httptest.NewServer(handler)
+	t.Cleanup(srv.Close)
+	return &ordersAPI{db: db, url: srv.URL}
+}
+
+// newOrdersHandler returns a test's own orders database and the API on it,
+// as the orders service builds it.
+func newOrdersHandler(t testing.TB) (*testdb.DB, http.Handler) {
+	t.Helper()
 	db := testdb.NewOrders(t)
 	writer := testdb.Writer(t, testdb.Outbox)
 	uc := orderapp.NewOrders(orderstore.NewRepository(postgres.NewUnitOfWork(db.DB, writer, nil)))
-	srv := httptest.NewServer(httpapi.NewHandler(orderhandlers.NewAPI(uc, discardLogger())))
-	t.Cleanup(srv.Close)
-	return &ordersAPI{db: db, url: srv.URL}
+	return db, httpapi.NewHandler(orderhandlers.NewAPI(uc, discardLogger()))
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -257,7 +269,27 @@ func TestOrders_BadInput(t *testing.T) {
 		{"get an unknown order", request{method: "GET", path: "/orders/no-such-order"}, 404, "not_found"},
 		{"unknown path", request{method: "GET", path: "/nothing/here"}, 404, "not_found"},
 		{"unknown action", request{method: "POST", path: "/orders/" + placed.ID + "/refund", contentType: jsonType, body: `{}`}, 404, "not_found"},
-		{"unknown method", request{method: "DELETE", path: "/orders/" + placed.ID}, 404, "not_found"},
+		{"unknown method", request{method: "DELETE", path: "/orders/" + placed.ID}, 405, "method_not_allowed"},
+		{"GET of an action", request{method: "GET", path: "/orders/" + placed.ID + "/pay"}, 405, "method_not_allowed"},
+		{"get with a body", request{method: "GET", path: "/orders/" + placed.ID, contentType: jsonType, body: `{}`}, 400, "malformed_request"},
+		{"case variant of a field", post(`{"Customer_ID":"c-42","amount":1250,"currency":"EUR"}`), 400, "malformed_request"},
+		{"case variant beside the field", post(`{"customer_id":"c-42","CUSTOMER_ID":"c-43","amount":1250,"currency":"EUR"}`), 400, "malformed_request"},
+		{"duplicate field", post(`{"customer_id":"c-42","customer_id":"c-43","amount":1250,"currency":"EUR"}`), 400, "malformed_request"},
+		{"duplicate amount", post(`{"customer_id":"c-42","amount":1250,"amount":1,"currency":"EUR"}`), 400, "malformed_request"},
+		{"NUL in customer", post(`{"customer_id":"c\u000042","amount":1250,"currency":"EUR"}`), 400, "malformed_request"},
+		{"invalid UTF-8 in customer", post("{\"customer_id\":\"c\xff42\",\"amount\":1250,\"currency\":\"EUR\"}"), 400, "malformed_request"},
+		{"unpaired surrogate in customer", post(`{"customer_id":"c\ud800","amount":1250,"currency":"EUR"}`), 400, "malformed_request"},
+		{"latin-1 charset", withType(post(valid), "application/json; charset=iso-8859-1"), 415, "unsupported_media_type"},
+		{"invalid UTF-8 in the idempotency key", withKey(post(valid), "key-\xff"), 400, "malformed_request"},
+		{"tab in the idempotency key", withKey(post(valid), "key\t1"), 400, "malformed_request"},
+		{"get an id with NUL", request{method: "GET", path: "/orders/a%00b"}, 404, "not_found"},
+		{"get an id of invalid UTF-8", request{method: "GET", path: "/orders/%ff%fe"}, 404, "not_found"},
+		{"get an id with a newline", request{method: "GET", path: "/orders/a%0Ab"}, 404, "not_found"},
+		{"get an id too long", request{method: "GET", path: "/orders/" + strings.Repeat("i", httpapi.MaxIDBytes+1)}, 404, "not_found"},
+		{"pay an id with NUL", pay("a%00b", `{"amount":1250}`), 404, "not_found"},
+		{"pay an id of invalid UTF-8", pay("%c3%28", `{"amount":1250}`), 404, "not_found"},
+		{"cancel an id with NUL", cancel("%00"), 404, "not_found"},
+		{"cancel an id of invalid UTF-8", cancel("%80"), 404, "not_found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := api.state(t)
@@ -277,6 +309,112 @@ func TestOrders_BadInput(t *testing.T) {
 			t.Errorf("order %s is %s, want %s", want.id, got.Status, want.status)
 		}
 	}
+}
+
+// raw sends req, an HTTP/1.1 request as written on the wire, to the API and
+// returns the response.
+func (api *ordersAPI) raw(t *testing.T, req string) response {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(api.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("response to %q: %v", req, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return response{status: resp.StatusCode, header: resp.Header, body: b}
+}
+
+// chunked writes a request with body sent in chunks.
+func chunked(method, path, contentType string, chunks ...string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n", method, path)
+	if contentType != "" {
+		fmt.Fprintf(&b, "Content-Type: %s\r\n", contentType)
+	}
+	b.WriteString("\r\n")
+	for _, c := range chunks {
+		fmt.Fprintf(&b, "%x\r\n%s\r\n", len(c), c)
+	}
+	b.WriteString("0\r\n\r\n")
+	return b.String()
+}
+
+// TestOrders_Framing sends bodies in chunks and headers the Go client would
+// not send, and finds them checked as any other.
+func TestOrders_Framing(t *testing.T) {
+	t.Parallel()
+	api := newOrdersAPI(t)
+	placed := api.placeOrder(t, "")
+	cancelPath := "/orders/" + placed.ID + "/cancel"
+	for _, tc := range []struct {
+		name, req string
+		status    int
+		code      string
+	}{
+		{"chunked text body to cancel", chunked("POST", cancelPath, "text/plain", "ple", "ase"), 415, "unsupported_media_type"},
+		{"chunked untyped body to cancel", chunked("POST", cancelPath, "", "{}"), 415, "unsupported_media_type"},
+		{"chunked unknown field to cancel", chunked("POST", cancelPath, jsonType, `{"rea`, `son":"x"}`), 400, "malformed_request"},
+		{"chunked trailing object to cancel", chunked("POST", cancelPath, jsonType, `{}`, ` {}`), 400, "malformed_request"},
+		{"chunked body to get", chunked("GET", "/orders/"+placed.ID, jsonType, "{}"), 400, "malformed_request"},
+		{"chunked oversized body", chunked("POST", "/orders", jsonType, `{"customer_id":"`+strings.Repeat("c", 40<<10), strings.Repeat("c", 40<<10)+`"}`), 413, "body_too_large"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := api.state(t)
+			checkError(t, api.raw(t, tc.req), tc.status, tc.code)
+			if after := api.state(t); after != before {
+				t.Errorf("the request changed the database from %+v to %+v", before, after)
+			}
+		})
+	}
+
+	t.Run("NUL in the idempotency key", func(t *testing.T) {
+		before := api.state(t)
+		body := `{"customer_id":"c-42","amount":1250,"currency":"EUR"}`
+		r := api.raw(t, fmt.Sprintf("POST /orders HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"+
+			"Idempotency-Key: k\x00ey\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
+		// net/http refuses the request before any handler runs.
+		if r.status != http.StatusBadRequest {
+			t.Errorf("status %d (%s), want 400", r.status, r.body)
+		}
+		if after := api.state(t); after != before {
+			t.Errorf("the request changed the database from %+v to %+v", before, after)
+		}
+	})
+
+	t.Run("an empty chunked body cancels", func(t *testing.T) {
+		other := api.placeOrder(t, "")
+		got := checkOrder(t, api.raw(t, chunked("POST", "/orders/"+other.ID+"/cancel", "")), http.StatusOK)
+		if got.Status != "cancelled" {
+			t.Errorf("status %s, want cancelled", got.Status)
+		}
+	})
+	t.Run("a chunked empty object cancels", func(t *testing.T) {
+		other := api.placeOrder(t, "")
+		got := checkOrder(t, api.raw(t, chunked("POST", "/orders/"+other.ID+"/cancel", jsonType, "{", "}")), http.StatusOK)
+		if got.Status != "cancelled" {
+			t.Errorf("status %s, want cancelled", got.Status)
+		}
+	})
+	t.Run("a chunked order is placed", func(t *testing.T) {
+		got := checkOrder(t, api.raw(t, chunked("POST", "/orders", jsonType, `{"customer_id":"c-7",`, `"amount":5,"currency":"EUR"}`)), http.StatusCreated)
+		if got.CustomerID != "c-7" || got.Amount != 5 {
+			t.Errorf("placed %+v", got)
+		}
+	})
 }
 
 func TestOrders_HappyPath(t *testing.T) {

@@ -36,13 +36,22 @@ func NewAPI(ledger *settlementstore.Ledger, logger *slog.Logger) *API {
 	return &API{ledger: ledger, logger: logger}
 }
 
-// Register adds the API's routes to mux.
+// Register adds the API's one route to mux: GET /settlements/{order_id}. It
+// answers 200, 400 malformed_request (a request with a body, refused by
+// httpapi.Handler), 404 not_found
+// (no settlement of the order, or an id no order could have: not valid
+// UTF-8, a control character, longer than httpapi.MaxIDBytes) or 405
+// method_not_allowed.
 func (h *API) Register(mux *http.ServeMux) {
 	mux.HandleFunc("GET /settlements/{order_id}", h.get)
 }
 
 func (h *API) get(w http.ResponseWriter, r *http.Request) {
-	orderID := r.PathValue("order_id")
+	orderID, err := httpapi.PathID(r, "order_id")
+	if err != nil {
+		httpapi.WriteError(w, r, h.logger, err)
+		return
+	}
 	s, found, err := h.ledger.Get(r.Context(), orderID)
 	if err != nil {
 		httpapi.WriteError(w, r, h.logger, err)

@@ -204,3 +204,58 @@ func TestLedgerHandler(t *testing.T) {
 		}
 	})
 }
+
+// TestLedgerHandler_BadInput sends ids no order could have, bodies and
+// wrong methods to GET /settlements/{order_id}.
+func TestLedgerHandler_BadInput(t *testing.T) {
+	t.Parallel()
+	db := testdb.NewSettlement(t)
+	srv := httptest.NewServer(httpapi.NewHandler(NewAPI(settlementstore.NewLedger(db.DB), slog.New(slog.NewTextHandler(io.Discard, nil)))))
+	t.Cleanup(srv.Close)
+	id := domain.NewEventID()
+	if _, err := inTx(t, db.DB, func(tx *sqlx.Tx) ([]domain.Event, error) {
+		return placed(context.Background(), tx, event(id, 1, orders.OrderPlacedPayload{OrderID: id, CustomerID: "c", Amount: 100, Currency: "EUR"}))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, method, path string
+		body               io.Reader
+		status             int
+		code, allow        string
+	}{
+		{"NUL in the id", "GET", "/settlements/a%00b", nil, 404, "not_found", ""},
+		{"invalid UTF-8 in the id", "GET", "/settlements/%ff", nil, 404, "not_found", ""},
+		{"control character in the id", "GET", "/settlements/a%1bb", nil, 404, "not_found", ""},
+		{"id too long", "GET", "/settlements/" + strings.Repeat("i", httpapi.MaxIDBytes+1), nil, 404, "not_found", ""},
+		{"a body", "GET", "/settlements/" + id, strings.NewReader("{}"), 400, "malformed_request", ""},
+		{"a chunked body", "GET", "/settlements/" + id, io.MultiReader(strings.NewReader("x")), 400, "malformed_request", ""},
+		{"another method", "DELETE", "/settlements/" + id, nil, 405, "method_not_allowed", "GET, HEAD"},
+		{"POST", "POST", "/settlements/" + id, strings.NewReader("{}"), 405, "method_not_allowed", "GET, HEAD"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := http.NewRequest(tc.method, srv.URL+tc.path, tc.body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var body struct {
+				Error struct{ Code, Message string } `json:"error"`
+			}
+			raw, _ := io.ReadAll(resp.Body)
+			if err := json.Unmarshal(raw, &body); err != nil || resp.StatusCode != tc.status || body.Error.Code != tc.code {
+				t.Errorf("%d %s, want %d %s", resp.StatusCode, raw, tc.status, tc.code)
+			}
+			if got := resp.Header.Get("Allow"); got != tc.allow {
+				t.Errorf("Allow %q, want %q", got, tc.allow)
+			}
+		})
+	}
+	if status, body := getSettlement(t, srv.URL, id); status != http.StatusOK || body.OrderID != id {
+		t.Errorf("the settlement reads as %d %+v", status, body)
+	}
+}

@@ -75,8 +75,15 @@ func settleHandler() consumer.Handler {
 // benchSet is the benchmark's module set: the orders events and the
 // benchmark's handler.
 func benchSet() module.Set {
-	return module.Set{{Name: "bench", Consumes: orders.Events, Handlers: []consumer.Handler{settleHandler()}}}
+	return module.Set{
+		{Name: benchPublisher, Publishes: orders.Events},
+		{Name: "bench", Consumes: orders.Events, Handlers: []consumer.Handler{settleHandler()}},
+	}
 }
+
+// benchPublisher is the module of benchSet publishing the orders events:
+// its exchange is the one every arm publishes to.
+const benchPublisher = "orders"
 
 // benchTopology is the broker topology of benchSet in the namespace of
 // names, without the unroutable queue: the stock Watermill arms declare the
@@ -132,7 +139,7 @@ func startConsumer(ctx context.Context, db *sqlx.DB, amqpURL string, names modul
 	}
 	h := settleHandler()
 	cfg := consumer.Config{
-		DB: db, Registry: benchRegistry(), AMQPURL: amqpURL, Exchange: names.Exchange(), Queues: names.Queues(h),
+		DB: db, Registry: benchRegistry(), AMQPURL: amqpURL, Queues: names.Queues(h),
 		Kind: spec.Kind, Prefetch: spec.Prefetch,
 		Metrics:     consumerMetrics.Handler(h.Name),
 		OnDuplicate: func(*message.Message) { tr.duplicate() },

@@ -226,11 +226,16 @@ func (b brokerObjects) queue(short string) string { return b.queues[short] }
 // registers their removal. It returns a function removing them at once.
 func (e *env) declare(ctx context.Context, purpose string, bindings map[string][]string) (brokerObjects, func(context.Context) error, error) {
 	ns := e.namespace(purpose)
-	topo := rabbitmq.Topology{Exchange: ns + ".events"}
+	exchange := ns + ".events"
+	topo := rabbitmq.Topology{Exchanges: []string{exchange}}
 	short := map[string]string{}
 	for name, keys := range bindings {
 		short[name] = ns + "." + name
-		topo.Queues = append(topo.Queues, rabbitmq.Queue{Name: short[name], RoutingKeys: keys})
+		q := rabbitmq.Queue{Name: short[name]}
+		for _, key := range keys {
+			q.Bindings = append(q.Bindings, rabbitmq.Binding{Exchange: exchange, RoutingKey: key})
+		}
+		topo.Queues = append(topo.Queues, q)
 	}
 	objs, remove, err := e.declareTopology(ctx, topo)
 	objs.queues = short
@@ -245,7 +250,7 @@ func (e *env) namespace(purpose string) string {
 // declareTopology declares topo and registers its removal. It returns a
 // function removing it at once.
 func (e *env) declareTopology(ctx context.Context, topo rabbitmq.Topology) (brokerObjects, func(context.Context) error, error) {
-	objs := brokerObjects{exchange: topo.Exchange, queues: map[string]string{}}
+	objs := brokerObjects{exchange: topo.Exchanges[0], queues: map[string]string{}}
 	for _, q := range topo.Queues {
 		objs.queues[q.Name] = q.Name
 	}

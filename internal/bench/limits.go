@@ -327,7 +327,7 @@ func (r *runner) measureSettleLimit(ctx context.Context, name, note string, spec
 			if err != nil {
 				return err
 			}
-			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, names.Exchange(), key, false, false, pub)
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, names.Exchange(benchPublisher), key, false, false, pub)
 			if err != nil {
 				return err
 			}

@@ -300,7 +300,7 @@ func (r *runner) setUp(ctx context.Context, v variant) (p *pipeline, err error) 
 			if err := ch.Confirm(false); err != nil {
 				return p, err
 			}
-			p.units = append(p.units, naiveUnit(repo, ch, p.names.Exchange(), p.tr))
+			p.units = append(p.units, naiveUnit(repo, ch, p.names.Exchange(benchPublisher), p.tr))
 		}
 		return p, nil
 	}
@@ -310,7 +310,7 @@ func (r *runner) setUp(ctx context.Context, v variant) (p *pipeline, err error) 
 		return p, err
 	}
 	p.onClose(closeDB(p.relayDB))
-	rel, err := v.build(p.relayDB, p.names.Exchange(), buildOptions{})
+	rel, err := v.build(p.relayDB, p.names.Exchange(benchPublisher), buildOptions{})
 	if err != nil {
 		return p, &buildError{err}
 	}

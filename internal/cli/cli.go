@@ -1,6 +1,7 @@
 // Package cli holds what the commands share: reading settings from flags with
-// defaults taken from the environment, logging set-up, and running a service
-// until SIGINT or SIGTERM.
+// defaults taken from the environment (connection strings also from files),
+// keeping passwords out of what the commands print, logging set-up, and
+// running a service until SIGINT or SIGTERM.
 package cli
 
 import (
@@ -9,10 +10,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"os/signal"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -44,7 +43,8 @@ func EnvDuration(name string, def time.Duration) (time.Duration, error) {
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", name, err)
+		// %q, not the parser's message, which leaves DEL unescaped.
+		return 0, fmt.Errorf("%s: want a duration such as 250ms or 1m30s, got %q", name, v)
 	}
 	return d, nil
 }
@@ -105,8 +105,8 @@ func Fail(stderr io.Writer, cmd string, err error) int {
 }
 
 // SecretURL is a flag.Value holding a connection URL. It prints with its
-// password hidden, so that -h and error messages never show a secret taken
-// from the environment.
+// passwords hidden (Redact), so that -h and error messages never show a
+// secret taken from the environment or a file.
 type SecretURL struct{ url *string }
 
 // NewSecretURL returns a SecretURL storing into target, which holds the
@@ -124,20 +124,10 @@ func (s *SecretURL) String() string {
 	return Redact(*s.url)
 }
 
-var dsnPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('[^']*'|\S+)`)
-
-// Redact hides the password of a URL (scheme://user:password@host/...) or
-// of a key=value connection string.
-func Redact(raw string) string {
-	if u, err := url.Parse(raw); err == nil && u.Scheme != "" && u.User != nil {
-		return u.Redacted()
-	}
-	return dsnPassword.ReplaceAllString(raw, "${1}xxxxx")
-}
-
 // RetentionFlags defines the retention policy's flags on fs, writing into
 // cfg, with defaults from OUTBOX_RETENTION, DEDUP_WINDOW and
-// RETENTION_INTERVAL; a malformed variable is an error.
+// RETENTION_INTERVAL; a malformed variable is an error. The ranges its
+// usage states are the ones module.Config.Validate checks.
 func RetentionFlags(fs *flag.FlagSet, cfg *retention.Config) error {
 	outboxRetention, err := EnvDuration("OUTBOX_RETENTION", retention.DefaultOutboxRetention)
 	if err != nil {
@@ -151,8 +141,8 @@ func RetentionFlags(fs *flag.FlagSet, cfg *retention.Config) error {
 	if err != nil {
 		return err
 	}
-	fs.DurationVar(&cfg.OutboxRetention, "outbox-retention", outboxRetention, "how long forwarded outbox rows are kept (env OUTBOX_RETENTION)")
-	fs.DurationVar(&cfg.DedupWindow, "dedup-window", dedupWindow, "how long dedup markers are kept; must exceed -outbox-retention and the broker's redelivery horizon (env DEDUP_WINDOW)")
-	fs.DurationVar(&cfg.Interval, "retention-interval", interval, "how often retention purges run (env RETENTION_INTERVAL)")
+	fs.DurationVar(&cfg.OutboxRetention, "outbox-retention", outboxRetention, "how long forwarded outbox rows are kept, 1m..87600h (env OUTBOX_RETENTION)")
+	fs.DurationVar(&cfg.DedupWindow, "dedup-window", dedupWindow, "how long dedup markers are kept, 1m..87600h; must exceed -outbox-retention and the broker's redelivery horizon (env DEDUP_WINDOW)")
+	fs.DurationVar(&cfg.Interval, "retention-interval", interval, "how often retention purges run, 1s..720h (env RETENTION_INTERVAL)")
 	return nil
 }

@@ -1,13 +1,15 @@
 // Package instance starts private PostgreSQL and RabbitMQ servers for tests
-// that stop, kill or restart a server: a test must never do that to the
-// shared servers other tests use. Each server runs from a temporary
+// that stop, kill or restart a server, or need one set up otherwise (TLS): a
+// test must never do that to the shared servers other tests use. Each server runs from a temporary
 // directory of its own, on free loopback ports, and is killed and removed
 // when the test ends (t.Cleanup), also when the test fails.
 //
 // StartPostgres initialises a cluster with initdb and runs it as the
 // postgres OS user; StartRabbit starts one RabbitMQ node with its own node
 // name, ports, database and Erlang cookie; StartRabbitCluster starts several
-// nodes at once and joins them into one cluster. Kill kills a server with
+// nodes at once and joins them into one cluster. WithPostgresTLS and
+// WithRabbitTLS turn TLS on with the certificates of NewTLSFiles, a
+// certificate authority made for the test. Kill kills a server with
 // kill -9 (every process of it, all at once) and Start starts it again on
 // the same ports and data: PostgreSQL recovers from the crash, a RabbitMQ
 // node recovers its durable queues and persistent messages and rejoins its

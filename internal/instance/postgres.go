@@ -49,12 +49,22 @@ type PostgresOption func(*postgresOptions)
 
 type postgresOptions struct {
 	settings []string
+	tls      *TLSFiles
 }
 
 // WithSetting sets a server parameter (postgres -c name=value), after and
 // over the package's own: WithSetting("max_connections", "80").
 func WithSetting(name, value string) PostgresOption {
 	return func(o *postgresOptions) { o.settings = append(o.settings, name+"="+value) }
+}
+
+// WithPostgresTLS turns TLS on with the server certificate and key of
+// files (ssl=on): the server accepts TLS and plain connections alike, and
+// a client that asks for sslmode=verify-full with sslrootcert=files.CA
+// (see TLSURL) verifies it. The key is copied for the server's user, mode
+// 0600, as PostgreSQL requires.
+func WithPostgresTLS(files TLSFiles) PostgresOption {
+	return func(o *postgresOptions) { o.tls = &files }
 }
 
 // Timeouts that guard against a hang; a server normally takes well under a
@@ -97,13 +107,28 @@ func StartPostgres(t testing.TB, opts ...PostgresOption) *Postgres {
 			t.Fatalf("private postgres: %v", err)
 		}
 	}
-	p.settings = append([]string{
+	p.settings = []string{
 		"listen_addresses=127.0.0.1",
 		"unix_socket_directories=",
 		"shared_buffers=16MB",
 		"max_connections=50",
 		"logging_collector=off",
-	}, o.settings...)
+	}
+	if o.tls != nil {
+		uid, gid := -1, -1
+		if cred != nil {
+			uid, gid = int(cred.Uid), int(cred.Gid)
+		}
+		cert, key := filepath.Join(root, "server.crt"), filepath.Join(root, "server.key")
+		if err := copyFile(o.tls.Cert, cert, 0o644, uid, gid); err != nil {
+			t.Fatalf("private postgres: %v", err)
+		}
+		if err := copyFile(o.tls.Key, key, 0o600, uid, gid); err != nil {
+			t.Fatalf("private postgres: %v", err)
+		}
+		p.settings = append(p.settings, "ssl=on", "ssl_cert_file="+cert, "ssl_key_file="+key)
+	}
+	p.settings = append(p.settings, o.settings...)
 
 	initdb := exec.Command(filepath.Join(binDir, "initdb"), "--pgdata", p.Dir, "--username", "postgres",
 		"--auth", "trust", "--encoding", "UTF8", "--locale", "C", "--no-sync", "--no-instructions")
@@ -214,6 +239,15 @@ func (p *Postgres) AdminURL() string { return p.URL("postgres") }
 // URL is the URL of database as the superuser postgres.
 func (p *Postgres) URL(database string) string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", p.Port, url.PathEscape(database))
+}
+
+// TLSURL is the URL of database as the superuser postgres over TLS,
+// verifying the server's certificate and name with the CA certificate in
+// the file rootCert (sslmode=verify-full): for a server started
+// WithPostgresTLS.
+func (p *Postgres) TLSURL(database, rootCert string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=verify-full&sslrootcert=%s",
+		p.Port, url.PathEscape(database), url.QueryEscape(rootCert))
 }
 
 // Env is a testenv.Env with this server as its admin database; AMQPURL is

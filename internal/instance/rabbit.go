@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,7 +26,7 @@ import (
 const rabbitBinDir = "/usr/lib/rabbitmq/bin"
 
 // Rabbit is a private RabbitMQ node: its own node name, AMQP and Erlang
-// distribution ports on 127.0.0.1 only, database, logs, configuration and
+// distribution ports (and AMQPS, WithRabbitTLS) on 127.0.0.1 only, database, logs, configuration and
 // Erlang cookie in a directory of its own, no plugins (the management plugin
 // is off). The guest user, which RabbitMQ admits from loopback only, may
 // connect. It shares epmd, the machine's Erlang port mapper, with every
@@ -42,8 +43,12 @@ type Rabbit struct {
 	// Dir is the node's directory: database (mnesia/), logs (log/),
 	// configuration and the HOME holding its Erlang cookie (home/).
 	Dir string
+	// TLSPort is the AMQPS port, on 127.0.0.1, of a node started
+	// WithRabbitTLS; 0 otherwise.
+	TLSPort int
 
 	logPath string
+	tls     *TLSFiles
 	// peers are the nodes a blank node joins at its first boot (peer
 	// discovery from the configuration).
 	peers []string
@@ -52,10 +57,20 @@ type Rabbit struct {
 	proc *process
 }
 
+// RabbitOption changes how StartRabbit sets up the node.
+type RabbitOption func(*Rabbit)
+
+// WithRabbitTLS adds a TLS listener on TLSPort with the server certificate
+// and key of files, beside the plain one: a client verifies the node with
+// files.CA (see TLSURL). The node asks no client certificate.
+func WithRabbitTLS(files TLSFiles) RabbitOption {
+	return func(r *Rabbit) { r.tls = &files }
+}
+
 // StartRabbit starts a private RabbitMQ node and waits until AMQP
 // connections work. When t ends the node is killed and its directory
 // removed; its log is printed first if t failed.
-func StartRabbit(t testing.TB) *Rabbit {
+func StartRabbit(t testing.TB, opts ...RabbitOption) *Rabbit {
 	t.Helper()
 	cookie, err := newCookie()
 	if err != nil {
@@ -63,6 +78,9 @@ func StartRabbit(t testing.TB) *Rabbit {
 	}
 	r, err := newRabbit(t, cookie)
 	if err == nil {
+		for _, opt := range opts {
+			opt(r)
+		}
 		err = r.boot(t)
 	}
 	if err != nil {
@@ -208,6 +226,11 @@ func (r *Rabbit) boot(t testing.TB) error {
 		if r.DistPort, err = freePort(); err != nil {
 			return err
 		}
+		if r.tls != nil {
+			if r.TLSPort, err = freePort(); err != nil {
+				return err
+			}
+		}
 		if err = r.writeConfig(); err == nil {
 			err = r.start()
 		}
@@ -233,6 +256,16 @@ func (r *Rabbit) writeConfig() error {
 		"log.console = false",
 		"log.file.level = info",
 	}, "\n") + "\n"
+	if r.tls != nil {
+		conf += strings.Join([]string{
+			"listeners.ssl.1 = 127.0.0.1:" + strconv.Itoa(r.TLSPort),
+			"ssl_options.cacertfile = " + r.tls.CA,
+			"ssl_options.certfile = " + r.tls.Cert,
+			"ssl_options.keyfile = " + r.tls.Key,
+			"ssl_options.verify = verify_none",
+			"ssl_options.fail_if_no_peer_cert = false",
+		}, "\n") + "\n"
+	}
 	if len(r.peers) > 0 {
 		conf += "cluster_formation.peer_discovery_backend = classic_config\n"
 		for i, p := range r.peers {
@@ -307,6 +340,13 @@ func (r *Rabbit) ping() error {
 
 // URL is the node's AMQP URL as guest, default virtual host.
 func (r *Rabbit) URL() string { return fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", r.Port) }
+
+// TLSURL is the node's AMQPS URL as guest, default virtual host, verifying
+// the node's certificate with the CA certificate in the file caCert: for a
+// node started WithRabbitTLS.
+func (r *Rabbit) TLSURL(caCert string) string {
+	return fmt.Sprintf("amqps://guest:guest@127.0.0.1:%d/?cacertfile=%s", r.TLSPort, url.QueryEscape(caCert))
+}
 
 // Running reports whether the node's start script runs.
 func (r *Rabbit) Running() bool {

@@ -46,6 +46,15 @@ type Config struct {
 	// instead of Env.AMQPURL: a Proxy in front of the broker, for instance.
 	// The harness itself (clean-up) keeps using Env.AMQPURL.
 	ServiceAMQPURL string
+	// LeastPrivilege runs the services as they should run in production:
+	// New creates a migrator role owning the databases and a runtime role
+	// per module, runs the services' migrate command as the migrator
+	// (granting each runtime role its tables), and creates a broker user per
+	// service limited to module.Set.BrokerPermissions; the services then
+	// start with MIGRATE=false under their runtime role and broker user.
+	// Close removes the roles and users. It needs rabbitmqctl on the PATH,
+	// for the broker of Env, and the built commands in BinDir.
+	LeastPrivilege bool
 }
 
 // Commands returns the commands a stack of cfg starts, to build into
@@ -80,6 +89,8 @@ type Stack struct {
 	// ordersURL, once MoveOrders has set it, is the orders module's
 	// database instead of OrdersDB on Env's server.
 	ordersURL string
+	// privileges are the roles and users of a LeastPrivilege stack.
+	privileges *privileges
 }
 
 // New creates the stack's databases. It starts nothing.
@@ -99,6 +110,12 @@ func New(ctx context.Context, cfg Config) (*Stack, error) {
 		if err := cfg.Env.CreateDatabase(ctx, s.SettleDB); err != nil {
 			_ = cfg.Env.DropDatabase(ctx, s.OrdersDB)
 			return nil, err
+		}
+	}
+	if cfg.LeastPrivilege {
+		if err := s.setUpPrivileges(ctx); err != nil {
+			_ = s.Close(context.WithoutCancel(ctx))
+			return nil, fmt.Errorf("set up least privilege: %w", err)
 		}
 	}
 	return s, nil
@@ -147,28 +164,44 @@ func containsProcess(ps []*Process, p *Process) bool {
 	return false
 }
 
-func (s *Stack) baseEnv() []string {
+// baseEnv is the environment of a service whose broker user, under least
+// privilege, is privilegedAMQP.
+func (s *Stack) baseEnv(privilegedAMQP string) []string {
 	amqpURL := s.Config.Env.AMQPURL
 	if s.Config.ServiceAMQPURL != "" {
 		amqpURL = s.Config.ServiceAMQPURL
 	}
-	return []string{
-		"AMQP_URL=" + amqpURL,
-		"OUTBOXMILL_NAMESPACE=" + s.Namespace,
-		"HTTP_ADDR=127.0.0.1:0",
+	env := []string{"OUTBOXMILL_NAMESPACE=" + s.Namespace, "HTTP_ADDR=127.0.0.1:0"}
+	if s.privileges != nil {
+		amqpURL = privilegedAMQP
+		env = append(env, "MIGRATE=false")
 	}
+	return append(env, "AMQP_URL="+amqpURL)
 }
 
-func (s *Stack) serviceEnv(dbURL string, extra []string) []string {
-	env := append(s.baseEnv(), "DATABASE_URL="+dbURL)
+// serviceEnv is the environment of the service of module ("orders" or
+// "settlement") on database dbURL, with extra entries last.
+func (s *Stack) serviceEnv(module, dbURL string, extra []string) []string {
+	amqpURL := ""
+	if p := s.privileges; p != nil {
+		dbURL, amqpURL = p.ordersURL, p.ordersAMQP
+		if module == "settlement" {
+			dbURL, amqpURL = p.settleURL, p.settleAMQP
+		}
+	}
+	env := append(s.baseEnv(amqpURL), "DATABASE_URL="+dbURL)
 	return append(env, extra...)
 }
 
 func (s *Stack) monolithEnv() []string {
-	env := append(s.baseEnv(),
-		"DATABASE_URL="+s.OrdersDatabaseURL(),
-		"ORDERS_DATABASE_URL="+s.OrdersDatabaseURL(),
-		"SETTLEMENT_DATABASE_URL="+s.SettlementDatabaseURL(),
+	ordersURL, settleURL, amqpURL := s.OrdersDatabaseURL(), s.SettlementDatabaseURL(), ""
+	if p := s.privileges; p != nil {
+		ordersURL, settleURL, amqpURL = p.ordersURL, p.settleURL, p.ordersAMQP
+	}
+	env := append(s.baseEnv(amqpURL),
+		"DATABASE_URL="+ordersURL,
+		"ORDERS_DATABASE_URL="+ordersURL,
+		"SETTLEMENT_DATABASE_URL="+settleURL,
 	)
 	env = append(env, s.Config.OrdersEnv...)
 	return append(env, s.Config.SettlementEnv...)
@@ -215,7 +248,7 @@ func (s *Stack) StartOrdersReplica(ctx context.Context, extra ...string) (*Proce
 func (s *Stack) startOrders(ctx context.Context, log string, extra []string) (*Process, error) {
 	args := append(append([]string{}, s.Config.OrdersArgs...), extra...)
 	return Start(ctx, filepath.Join(s.Config.BinDir, "orders"), args,
-		s.serviceEnv(s.OrdersDatabaseURL(), s.Config.OrdersEnv), filepath.Join(s.Config.LogDir, log))
+		s.serviceEnv("orders", s.OrdersDatabaseURL(), s.Config.OrdersEnv), filepath.Join(s.Config.LogDir, log))
 }
 
 // StartSettlement starts the settlement service with the configured flags
@@ -226,7 +259,7 @@ func (s *Stack) StartSettlement(ctx context.Context, extra ...string) (*Process,
 		return s.runningMonolith("settlement", extra)
 	}
 	args := append(append([]string{}, s.Config.SettlementArgs...), extra...)
-	p, err := Start(ctx, filepath.Join(s.Config.BinDir, "settlement"), args, s.serviceEnv(s.SettlementDatabaseURL(), s.Config.SettlementEnv),
+	p, err := Start(ctx, filepath.Join(s.Config.BinDir, "settlement"), args, s.serviceEnv("settlement", s.SettlementDatabaseURL(), s.Config.SettlementEnv),
 		filepath.Join(s.Config.LogDir, "settlement.log"))
 	if err != nil {
 		return nil, err
@@ -391,5 +424,6 @@ func (s *Stack) Close(ctx context.Context) error {
 	if err := DeleteBrokerObjects(ctx, s.Config.Env, s.Namespace); err != nil {
 		errs = append(errs, fmt.Errorf("delete broker objects of %s: %w", s.Namespace, err))
 	}
+	errs = append(errs, s.closePrivileges(ctx))
 	return errors.Join(errs...)
 }

@@ -78,3 +78,23 @@ func (e Env) adminExec(ctx context.Context, sql string) error {
 	}
 	return nil
 }
+
+// Exec runs sql as the admin user in database name ("" for the admin URL's
+// own database).
+func (e Env) Exec(ctx context.Context, name, sql string) error {
+	if name == "" {
+		return e.adminExec(ctx, sql)
+	}
+	return Env{AdminDatabaseURL: e.DatabaseURL(name)}.adminExec(ctx, sql)
+}
+
+// WithUser returns rawURL with its user and password replaced (a
+// PostgreSQL or AMQP URL).
+func WithUser(rawURL, user, password string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", fmt.Errorf("parse URL: %w", err)
+	}
+	u.User = url.UserPassword(user, password)
+	return u.String(), nil
+}

@@ -78,7 +78,7 @@ func (sc *scenario) relayThroughDeadLetterRoute() string {
 	}
 	if _, err := ch.QueueDeclare(delay, false, false, false, false, amqp.Table{
 		"x-message-ttl":          int32(deadLetterTTL / time.Millisecond),
-		"x-dead-letter-exchange": sc.names().Exchange(),
+		"x-dead-letter-exchange": sc.names().Exchange("orders"),
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -126,7 +126,7 @@ func (sc *scenario) publish(msgs map[string]amqp.Publishing) {
 	}
 	for key, pub := range msgs {
 		routingKey, _, _ := strings.Cut(key, " ")
-		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, sc.names().Exchange(), routingKey, true, false, pub)
+		c, err := ch.PublishWithDeferredConfirmWithContext(ctx, sc.names().Exchange("orders"), routingKey, true, false, pub)
 		if err != nil {
 			t.Fatal(err)
 		}

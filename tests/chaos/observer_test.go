@@ -61,12 +61,12 @@ func startObserver(t *testing.T, s *stack.Stack) *observer {
 	}
 	o := &observer{conn: conn, queue: s.Namespace + ".chaos-observer", done: make(chan struct{}), copies: map[string]int{}}
 	t.Cleanup(o.close)
-	exchange := module.Names{Namespace: s.Namespace}.Exchange()
+	exchange := module.Names{Namespace: s.Namespace}.Exchange("orders")
 	if o.ch, err = conn.Channel(); err != nil {
 		t.Fatal(err)
 	}
 	names := module.Names{Namespace: s.Namespace}
-	if err := rabbitmq.Declare(ctx, s.Config.Env.AMQPURL, rabbitmq.Topology{Exchange: exchange, UnroutableQueue: names.Unroutable(),
+	if err := rabbitmq.Declare(ctx, s.Config.Env.AMQPURL, rabbitmq.Topology{Exchanges: []string{exchange}, UnroutableQueue: names.Unroutable(),
 		UnroutableType: queueType(s)}); err != nil {
 		t.Fatalf("declare exchange %s: %v", exchange, err)
 	}

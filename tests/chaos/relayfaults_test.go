@@ -393,7 +393,7 @@ func startRefusingQueue(t *testing.T, sc *scenario) *refusingQueue {
 	}); err != nil {
 		t.Fatalf("declare refusing queue: %v", err)
 	}
-	if err := ch.QueueBind(q.name, "#", sc.names().Exchange(), false, nil); err != nil {
+	if err := ch.QueueBind(q.name, "#", sc.names().Exchange("orders"), false, nil); err != nil {
 		t.Fatalf("bind refusing queue: %v", err)
 	}
 	if err := ch.Qos(1, 0, false); err != nil {
@@ -1050,7 +1050,7 @@ func startFenceWatcher(t *testing.T, sc *scenario) *fenceWatcher {
 		t.Fatalf("declare fence queue: %v", err)
 	}
 	for _, ev := range orders.Events {
-		if err := w.ch.QueueBind(w.queue, ev.Name+".*", sc.names().Exchange(), false, nil); err != nil {
+		if err := w.ch.QueueBind(w.queue, ev.Name+".*", sc.names().Exchange("orders"), false, nil); err != nil {
 			t.Fatalf("bind fence queue: %v", err)
 		}
 	}

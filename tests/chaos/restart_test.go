@@ -138,7 +138,7 @@ func TestChaos_ClusterNodeLoss(t *testing.T) {
 		// The exchanges and the unroutable queue (quorum too) on a node
 		// that stays, then the quorum queues through the victim: a quorum
 		// queue's first leader is on the node it was declared through.
-		if err := rabbitmq.Declare(ctx, ordersNode.URL(), rabbitmq.Topology{Exchange: top.Exchange, UnroutableQueue: top.UnroutableQueue, UnroutableType: top.UnroutableType}); err != nil {
+		if err := rabbitmq.Declare(ctx, ordersNode.URL(), rabbitmq.Topology{Exchanges: top.Exchanges, UnroutableQueue: top.UnroutableQueue, UnroutableType: top.UnroutableType}); err != nil {
 			t.Fatal(err)
 		}
 		if err := rabbitmq.Declare(ctx, victim.URL(), top); err != nil {
@@ -318,9 +318,9 @@ func startDurableObserver(t *testing.T, s *stack.Stack, cfg durableObserverConfi
 	ctx := context.Background()
 	names := module.Names{Namespace: s.Namespace}
 	o := &observer{queue: s.Namespace + ".chaos-observer", done: make(chan struct{}), copies: map[string]int{}}
-	exchange := names.Exchange()
+	exchange := names.Exchange("orders")
 	unroutableType, _ := cfg.QueueArgs["x-queue-type"].(string)
-	if err := rabbitmq.Declare(ctx, cfg.ConsumeURL, rabbitmq.Topology{Exchange: exchange, UnroutableQueue: names.Unroutable(),
+	if err := rabbitmq.Declare(ctx, cfg.ConsumeURL, rabbitmq.Topology{Exchanges: []string{exchange}, UnroutableQueue: names.Unroutable(),
 		UnroutableType: unroutableType}); err != nil {
 		t.Fatalf("declare exchange %s: %v", exchange, err)
 	}
