@@ -143,6 +143,9 @@ func New(h Handler, cfg Config) (*Consumer, error) {
 	if cfg.Kind != KindBatch && cfg.Kind != KindRouter {
 		errs = append(errs, fmt.Errorf("consumer %s: kind %q is neither %s nor %s", h.Name, cfg.Kind, KindBatch, KindRouter))
 	}
+	if cfg.Prefetch < 1 || cfg.Prefetch > rabbitmq.MaxPrefetch {
+		errs = append(errs, fmt.Errorf("consumer %s: prefetch %d is outside 1..%d (AMQP's prefetch count is 16 bits)", h.Name, cfg.Prefetch, rabbitmq.MaxPrefetch))
+	}
 	if err := cfg.Retry.Validate(); err != nil {
 		errs = append(errs, err)
 	}

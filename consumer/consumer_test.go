@@ -764,6 +764,8 @@ func TestConsumer_Validate(t *testing.T) {
 			{"no metrics", func(c *consumer.Config) { c.Metrics = nil }, "needs a database"},
 			{"no broker", func(c *consumer.Config) { c.AMQPURL = "" }, "needs a database"},
 			{"queues for other lanes", func(c *consumer.Config) { c.Queues = []string{"q0", "q1"} }, "2 queues for 1 lanes"},
+			{"prefetch past 16 bits", func(c *consumer.Config) { c.Prefetch = 70000 }, "prefetch 70000 is outside 1..65535"},
+			{"negative prefetch", func(c *consumer.Config) { c.Prefetch = -1 }, "prefetch -1 is outside 1..65535"},
 			{"unknown kind", func(c *consumer.Config) { c.Kind = "stream" }, `kind "stream"`},
 			{"bad retry", func(c *consumer.Config) { c.Retry.MaxRetries = -1 }, "MaxRetries"},
 		} {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 )
 
 // Ranges of Config's numeric settings, checked by Validate (after
@@ -15,7 +17,7 @@ const (
 	// 16-bit count, and a larger one would wrap around (70000 to 4464).
 	// Its 0, unlimited, is not offered: the broker would push a whole
 	// queue into the process's memory.
-	maxPrefetch = 1<<16 - 1
+	maxPrefetch = rabbitmq.MaxPrefetch
 	// maxRetries bounds the retries of a failing message: each runs in
 	// place, holding its lane, and a message that failed a hundred times is
 	// better set aside.

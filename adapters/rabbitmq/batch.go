@@ -92,6 +92,9 @@ type BatchConsumer struct {
 	waiting   sync.WaitGroup
 }
 
+// MaxPrefetch is the largest prefetch count AMQP's basic.qos carries.
+const MaxPrefetch = 65535
+
 // Batch defaults.
 const (
 	DefaultMaxBatch = 32
@@ -130,6 +133,9 @@ func (c *BatchConsumer) Validate() error {
 	}
 	if len(c.Queues) == 0 {
 		errs = append(errs, errors.New("batch consumer: no queues"))
+	}
+	if c.Prefetch < 0 || c.Prefetch > MaxPrefetch {
+		errs = append(errs, fmt.Errorf("batch consumer: prefetch %d is outside 1..%d (AMQP's prefetch count is 16 bits)", c.Prefetch, MaxPrefetch))
 	}
 	if err := c.Dedup.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("batch consumer: %w", err))

@@ -46,8 +46,8 @@ func Module() module.Module {
 		Routes: func(rt module.Runtime, mux *http.ServeMux) error {
 			mux.HandleFunc("GET /notifications", func(w http.ResponseWriter, r *http.Request) {
 				orderID, list := r.URL.Query().Get("order_id"), []Notification{}
-				if orderID == "" {
-					httpapi.WriteError(w, r, rt.Logger, httpapi.BadRequest("order_id is required"))
+				if err := httpapi.RequireText("order_id", orderID, httpapi.MaxIDBytes); err != nil {
+					httpapi.WriteError(w, r, rt.Logger, err)
 				} else if err := rt.DB.SelectContext(r.Context(), &list, `SELECT event_id, order_id, event_type, created_at
 					FROM notifications WHERE order_id = $1 ORDER BY seq`, orderID); err != nil {
 					httpapi.WriteError(w, r, rt.Logger, err)

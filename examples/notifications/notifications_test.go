@@ -605,13 +605,15 @@ func do(req *http.Request, out any) error {
 	return json.Unmarshal(b, out)
 }
 
-// TestNotificationsMissingOrderID checks the route's 400 for a missing or
-// empty order_id, and an empty list (not null) for an order with none.
+// TestNotificationsMissingOrderID checks the route's 400 for a missing,
+// empty or malformed order_id, and an empty list (not null) for an order
+// with none.
 func TestNotificationsMissingOrderID(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	p := s.start("notifications", map[string]string{"notifications": s.database("api")})
-	for _, q := range []string{"", "?order_id=", "?other=1"} {
+	// A NUL or invalid UTF-8 would reach SQL as text PostgreSQL refuses.
+	for _, q := range []string{"", "?order_id=", "?other=1", "?order_id=a%00b", "?order_id=%ff", "?order_id=" + strings.Repeat("x", 200)} {
 		resp, err := client.Get(p.URL() + "/notifications" + q)
 		if err != nil {
 			t.Fatal(err)

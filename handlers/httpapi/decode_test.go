@@ -229,6 +229,26 @@ func TestCheckText(t *testing.T) {
 	}
 }
 
+func TestRequireText(t *testing.T) {
+	t.Parallel()
+	for s, want := range map[string]string{"": "key is required", "a\x00b": "key ", "order-42": ""} {
+		err := httpapi.RequireText("key", s, 8)
+		if want == "" {
+			if err != nil {
+				t.Errorf("RequireText(%q) = %v, want nil", s, err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("RequireText(%q) = nil, want a refusal", s)
+			continue
+		}
+		if status, msg := refusal(t, err); status != http.StatusBadRequest || !strings.HasPrefix(msg, want) {
+			t.Errorf("RequireText(%q) refused with %d %q, want a 400 starting %q", s, status, msg, want)
+		}
+	}
+}
+
 // FuzzDecodeJSON checks DecodeJSON's contract on any body: what it accepts
 // encodes and decodes back to the same value; what it refuses is an
 // *httpapi.Error with a 4xx status.

@@ -39,6 +39,15 @@ func CheckText(name, s string, max int) error {
 	return nil
 }
 
+// RequireText is CheckText for text that must be given: an empty s is
+// refused too, as missing.
+func RequireText(name, s string, max int) error {
+	if s == "" {
+		return BadRequest(name + " is required")
+	}
+	return CheckText(name, s, max)
+}
+
 // PathID returns the path value name of r, an id. An id no resource could
 // have (longer than MaxIDBytes, not valid UTF-8, or holding a control
 // character) is answered as an unknown one: a 404 not_found *Error, without
