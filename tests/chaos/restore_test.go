@@ -157,8 +157,14 @@ func TestChaos_RestoreIntoNewCluster(t *testing.T) {
 		// /readyz is terse: the reason is in the log (checked below).
 		return ready.Checks[check] == httpapi.CheckUnavailable, nil
 	})
-	if reasons := grepLog(t, logPath, logFrom, `msg="not ready" dependency="`+check+`"`); len(reasons) == 0 ||
-		!strings.Contains(reasons[0], "ahead of the server's next transaction id") {
+	// The log reaches its file through the harness's copy of the process's
+	// output, which may trail the answer.
+	var reasons []string
+	waitFor(t, time.Minute, "orders to log why the relay check fails", func() (bool, error) {
+		reasons = grepLog(t, logPath, logFrom, `msg="not ready" dependency="`+check+`"`)
+		return len(reasons) > 0, nil
+	})
+	if !strings.Contains(reasons[0], "ahead of the server's next transaction id") {
 		t.Errorf("orders logged the failing check %q as %q, want the position-ahead error", check, reasons)
 	}
 	if _, body, err := httpGet(base + "/metrics"); err != nil || !bytes.Contains(body, []byte(gauge+" 1")) {
