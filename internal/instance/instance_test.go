@@ -184,7 +184,9 @@ func TestRabbitCluster_NodeLoss(t *testing.T) {
 }
 
 // publish declares the durable queue (with args) and publishes body to it,
-// persistent, waiting for the broker's confirm.
+// persistent, waiting for the broker's confirm. A nack (a quorum queue whose
+// members have not all started may refuse a message) is answered by
+// publishing again, as a producer must.
 func publish(t *testing.T, url, queue string, args amqp.Table, body string) {
 	t.Helper()
 	conn, err := amqp.Dial(url)
@@ -204,13 +206,25 @@ func publish(t *testing.T, url, queue string, args amqp.Table, body string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false,
-		amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte(body)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := conf.WaitContext(ctx); err != nil || !ok {
-		t.Fatalf("publish to %s: confirmed %v (%v)", queue, ok, err)
+	for {
+		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false,
+			amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte(body)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ok, err := conf.WaitContext(ctx)
+		if err != nil {
+			t.Fatalf("publish to %s: %v", queue, err)
+		}
+		if ok {
+			return
+		}
+		t.Logf("publish to %s: nacked, publishing again", queue)
+		select {
+		case <-ctx.Done():
+			t.Fatalf("publish to %s: nacked until %v", queue, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
 

@@ -160,6 +160,17 @@ func StartRabbitCluster(t testing.TB, n int) []*Rabbit {
 	if len(running) != n {
 		t.Fatalf("private rabbitmq cluster: running nodes %v, want %d", running, n)
 	}
+	// Nodes that formed the cluster as they booted may not have agreed on
+	// their feature flags yet: until they do, a node may refuse to declare a
+	// quorum queue ("the corresponding feature flag is disabled").
+	if _, err := nodes[0].ctl(ctx, "enable_feature_flag", "all"); err != nil {
+		t.Fatalf("private rabbitmq cluster: %v", err)
+	}
+	for _, r := range nodes {
+		if err := r.waitFeatureFlag(ctx, "quorum_queue"); err != nil {
+			t.Fatalf("private rabbitmq cluster: %v", err)
+		}
+	}
 	how := "joined as they booted"
 	if len(joined) > 0 {
 		how = fmt.Sprintf("%s joined with rabbitmqctl", strings.Join(joined, ", "))
@@ -413,6 +424,21 @@ func (r *Rabbit) ctl(ctx context.Context, args ...string) (string, error) {
 		return string(out), fmt.Errorf("rabbitmqctl -n %s %s: %w\n%s", r.Name, strings.Join(args, " "), err, out)
 	}
 	return string(out), nil
+}
+
+// waitFeatureFlag waits until the node reports feature flag name enabled.
+func (r *Rabbit) waitFeatureFlag(ctx context.Context, name string) error {
+	for {
+		out, err := r.ctl(ctx, "list_feature_flags", "name", "state")
+		if err == nil && slices.Contains(strings.Split(out, "\n"), name+"\tenabled") {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("node %s: feature flag %s not enabled (%v): %w\n%s", r.Name, name, err, ctx.Err(), out)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // RunningNodes returns the cluster's running nodes as this node sees them.
