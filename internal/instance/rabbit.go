@@ -90,10 +90,12 @@ func StartRabbit(t testing.TB, opts ...RabbitOption) *Rabbit {
 }
 
 // StartRabbitCluster starts n private RabbitMQ nodes sharing one Erlang
-// cookie, all at once (a node takes seconds to boot), the second and later
-// ones configured to join the first as they boot (peer discovery from the
+// cookie: the first, then the others at once (a node takes seconds to
+// boot), configured to join the first as they boot (peer discovery from the
 // configuration; a joining node waits for a lock, so they join one after
-// the other). A node that booted alone all the same (the first was not up
+// the other). The others wait for the first because nodes booting together
+// may each migrate the schema for their feature flags and then refuse each
+// other's (schema_integrity_check_failed). A node that booted alone all the same (the first was not up
 // in time) is joined with rabbitmqctl (stop_app, join_cluster, start_app).
 // It returns when the n nodes run as one cluster of disc nodes and each
 // accepts AMQP connections.
@@ -116,9 +118,13 @@ func StartRabbitCluster(t testing.TB, n int) []*Rabbit {
 			nodes[i].peers = []string{nodes[0].Name}
 		}
 	}
+	if err := nodes[0].boot(t); err != nil {
+		t.Fatal(err)
+	}
 	errs := make([]error, n)
 	var wg sync.WaitGroup
-	for i, r := range nodes {
+	for i, r := range nodes[1:] {
+		i := i + 1
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
