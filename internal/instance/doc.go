@@ -7,7 +7,8 @@
 // StartPostgres initialises a cluster with initdb and runs it as the
 // postgres OS user; StartRabbit starts one RabbitMQ node with its own node
 // name, ports, database and Erlang cookie; StartRabbitCluster starts several
-// nodes at once and joins them into one cluster. WithPostgresTLS and
+// nodes, the first alone and the others at once, and joins them into one
+// cluster. WithPostgresTLS and
 // WithRabbitTLS turn TLS on with the certificates of NewTLSFiles, a
 // certificate authority made for the test. Kill kills a server with
 // kill -9 (every process of it, all at once) and Start starts it again on
