@@ -8,7 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,14 +30,77 @@ func gone(t *testing.T, dir string) {
 	}
 }
 
-// refuses checks that nothing listens on port any more.
-func refuses(t *testing.T, port int) {
+// refuses checks that no process of the instance in dir listens on port
+// any more. A connection that is accepted all the same is looked into: a
+// socket connected to itself (Linux may pick the port dialled, free and in
+// its ephemeral range, as the dialling socket's own) or a listener of
+// another process, which took the port once it was free, is not the
+// instance's.
+func refuses(t *testing.T, dir string, port int) {
 	t.Helper()
 	conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
-	if err == nil {
-		conn.Close()
-		t.Errorf("port %d still accepts connections", port)
+	if err != nil {
+		return
 	}
+	self := conn.LocalAddr().String() == conn.RemoteAddr().String()
+	conn.Close()
+	if self {
+		t.Logf("port %d: the dial connected to itself; nothing listens there", port)
+		return
+	}
+	pids := listeners(t, port)
+	ours := markedProcesses(dir, false)
+	for _, pid := range pids {
+		if slices.Contains(ours, pid) {
+			t.Errorf("port %d still accepts connections, from process %d of the instance", port, pid)
+			return
+		}
+	}
+	if len(pids) == 0 {
+		t.Errorf("port %d still accepts connections, and no listening process was found", port)
+		return
+	}
+	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pids[0]))
+	t.Logf("port %d was taken, once free, by process %d (%s), not the instance's", port, pids[0], strings.TrimSpace(string(comm)))
+}
+
+// listeners returns the processes holding a socket that listens on
+// 127.0.0.1 or any address at port, from /proc.
+func listeners(t *testing.T, port int) []int {
+	t.Helper()
+	inodes := map[string]bool{}
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		data, err := os.ReadFile(table)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n")[1:] {
+			f := strings.Fields(line)
+			// sl local_address rem_address st ... inode (field 9)
+			if len(f) < 10 || f[3] != "0A" {
+				continue
+			}
+			if i := strings.LastIndexByte(f[1], ':'); i >= 0 && f[1][i+1:] == fmt.Sprintf("%04X", port) {
+				inodes["socket:["+f[9]+"]"] = true
+			}
+		}
+	}
+	var pids []int
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		fds, _ := os.ReadDir("/proc/" + p.Name() + "/fd")
+		for _, fd := range fds {
+			if link, err := os.Readlink("/proc/" + p.Name() + "/fd/" + fd.Name()); err == nil && inodes[link] {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids
 }
 
 func pgExec(t *testing.T, url, sql string, args ...any) {
@@ -107,7 +172,7 @@ func TestPostgres_KillAndStart(t *testing.T) {
 		if pids := markedProcesses(pg.root, false); len(pids) > 0 {
 			t.Fatalf("processes %v survived the kill", pids)
 		}
-		refuses(t, pg.Port)
+		refuses(t, pg.Dir, pg.Port)
 		if err := open.Ping(ctx); err == nil {
 			t.Error("a session survived the kill")
 		}
@@ -118,7 +183,7 @@ func TestPostgres_KillAndStart(t *testing.T) {
 
 		pgExec(t, url, `INSERT INTO kept (note) VALUES ('committed before the stop')`)
 		pg.Stop(t)
-		refuses(t, pg.Port)
+		refuses(t, pg.Dir, pg.Port)
 		pg.Start(t)
 		if got := pgRows(t, url); len(got) != 2 {
 			t.Errorf("after stop and start the table holds %q", got)
@@ -138,7 +203,7 @@ func TestRabbit_KillAndStart(t *testing.T) {
 		if pids := markedProcesses(r.Dir, false); len(pids) > 0 {
 			t.Fatalf("processes %v survived the kill", pids)
 		}
-		refuses(t, r.Port)
+		refuses(t, r.Dir, r.Port)
 		r.Start(t)
 		if got := get(t, r.URL(), "kept"); got != "persistent before the kill" {
 			t.Errorf("after kill -9 and restart the queue holds %q", got)
