@@ -73,6 +73,7 @@ func TestMain_FlagLimits(t *testing.T) {
 	}{
 		{"prefetch past 16 bits", []string{"-prefetch", "70000"}, nil, 1, "-prefetch 70000 is outside 1..65535"},
 		{"prefetch 0", []string{"-prefetch", "0"}, nil, 1, "-prefetch 0 is outside 1..65535"},
+		{"malformed lease timeout in the environment", nil, map[string]string{"RELAY_LEASE_TIMEOUT": "soon"}, 1, `RELAY_LEASE_TIMEOUT: want a duration such as 250ms or 1m30s, got "soon"`},
 		{"prefetch past int64", []string{"-prefetch", "99999999999999999999"}, nil, 2, `invalid value "99999999999999999999" for flag -prefetch`},
 		{"batch 0", []string{"-batch", "0"}, nil, 1, "-batch 0 is outside 1..65535"},
 		{"batch above the prefetch", []string{"-batch", "65", "-prefetch", "64"}, nil, 1, "batches of 65 cannot fill with a prefetch of 64"},

@@ -146,9 +146,6 @@ func Main(c Command, args []string, stderr io.Writer) int {
 		cfg.HTTP.MaxConcurrentRequests = n
 		return err
 	})
-	if len(errs) > 0 {
-		return cli.Fail(stderr, name, errs[0])
-	}
 	fs.StringVar(&cfg.Namespace, "namespace", cli.Env("OUTBOXMILL_NAMESPACE", DefaultNamespace), "prefix of exchange and queue names (env OUTBOXMILL_NAMESPACE)")
 	fs.StringVar(&cfg.QueueType, "queue-type", cli.Env("QUEUE_TYPE", rabbitmq.QueueClassic), "type of the queues declared: classic or quorum (env QUEUE_TYPE)")
 	var runtimeRole *string
@@ -176,6 +173,11 @@ func Main(c Command, args []string, stderr io.Writer) int {
 	logLevel := fs.String("log-level", cli.Env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
 	if ok, code := cli.Parse(fs, args, stderr); !ok {
 		return code
+	}
+	// The environment is read while the flags are defined: a malformed
+	// variable, whichever flag it is the default of, is reported here.
+	if len(errs) > 0 {
+		return cli.Fail(stderr, name, errors.Join(errs...))
 	}
 	if len(urlErrs) > 0 {
 		return cli.Fail(stderr, name, errors.Join(urlErrs...))

@@ -106,6 +106,10 @@ func TestSet_Topology(t *testing.T) {
 	if !top.Routes("ns.accounts.events", "AccountClosed.7") || top.Routes("ns.accounts.events", "AccountRenamed.7") || top.Routes("ns.audit.events", "AccountClosed.7") {
 		t.Error("Routes disagrees with the bindings")
 	}
+	accountsRouter, auditRouter := top.Router("ns.accounts.events"), top.Router("ns.audit.events")
+	if !accountsRouter("AccountClosed.7") || accountsRouter("AccountRenamed.7") || auditRouter("AccountClosed.7") {
+		t.Error("Router disagrees with the bindings")
+	}
 	routes, err := set.Routes(names)
 	if err != nil || len(routes) != 1 || routes[0].Module != "audit" || strings.Join(routes[0].EventTypes, ",") != "AccountOpened,AccountClosed" {
 		t.Fatalf("routes %+v, %v", routes, err)

@@ -475,6 +475,7 @@ func (p *Process) relay(db *sqlx.DB, box outbox.Config, exchange string, topolog
 		if err != nil {
 			return nil, err
 		}
+		routes := topology.Router(exchange)
 		relayConfig := relay.Config{
 			Outbox:       box,
 			AMQPURL:      c.AMQPURL,
@@ -482,7 +483,7 @@ func (p *Process) relay(db *sqlx.DB, box outbox.Config, exchange string, topolog
 			PollInterval: c.RelayPollInterval,
 			LeaseTimeout: c.RelayLeaseTimeout,
 			RequireRoute: func(topic string) bool {
-				routed := topology.Routes(exchange, topic)
+				routed := routes(topic)
 				if !routed {
 					relayMetrics.Unroutable()
 				}

@@ -1,6 +1,7 @@
 package outboxctl
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -174,9 +175,18 @@ func (s *safeWriter) Flush() error {
 	return err
 }
 
-// writeJSON writes v as indented JSON.
+// writeJSON writes v as indented JSON. encoding/json leaves DEL (0x7f) as
+// it is; it is written as \u007f instead, so that the output has no byte
+// the escaping writer around stdout would rewrite (into an escape JSON does
+// not have). DEL only occurs inside strings, as JSON's own syntax is
+// printable ASCII.
 func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := w.Write(bytes.ReplaceAll(buf.Bytes(), []byte{0x7f}, []byte(`\u007f`)))
+	return err
 }

@@ -135,3 +135,30 @@ func TestSafeWriter(t *testing.T) {
 		}
 	})
 }
+
+// TestWriteJSON_ThroughSafeWriter checks that JSON output, which goes
+// through the escaping writer around stdout like everything else, stays
+// valid JSON and decodes to exactly what was stored, whatever characters
+// the strings hold.
+func TestWriteJSON_ThroughSafeWriter(t *testing.T) {
+	t.Parallel()
+	stored := map[string]string{"reason": "del\x7f c1\u0085 bidi\u202e esc\x1b nul\x00 sep\u2028 bad\xff ok é"}
+	var out bytes.Buffer
+	w := &safeWriter{w: &out}
+	if err := writeJSON(w, stored); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]string
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("output is not JSON: %v\n%q", err, out.String())
+	}
+	// encoding/json turns invalid UTF-8 into U+FFFD; everything else comes
+	// back as it was.
+	want := strings.ReplaceAll(stored["reason"], "\xff", "\ufffd")
+	if got["reason"] != want {
+		t.Errorf("decoded %q, want %q", got["reason"], want)
+	}
+}

@@ -81,10 +81,12 @@ for module in orders settlement; do
 		exit 1
 	fi
 	sql -c "REVOKE ALL ON DATABASE \"$db\" FROM PUBLIC" -c "GRANT CONNECT ON DATABASE \"$db\" TO \"$app\""
-	# PostgreSQL 15 no longer lets PUBLIC create in the public schema;
-	# older servers do.
+	# The migrator owns the public schema (PostgreSQL 15 gives it to the
+	# database owner; older servers to the superuser, and let PUBLIC create
+	# there).
 	sql <<SQL
 \connect "$db"
+ALTER SCHEMA public OWNER TO "$migrator";
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
 SQL
 

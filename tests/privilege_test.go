@@ -50,7 +50,7 @@ func TestLeastPrivilege_ServicesRunWithRuntimeRoles(t *testing.T) {
 			// The services really run as the runtime roles.
 			for _, url := range []string{ordersURL, settleURL} {
 				var sessions int
-				if err := queryAs(t, stack.EnvFromEnvironment().AdminDatabaseURL,
+				if err := execAs(t, stack.EnvFromEnvironment().AdminDatabaseURL,
 					`SELECT count(*) FROM pg_stat_activity WHERE usename = '`+user(t, url)+`'`, &sessions); err != nil || sessions == 0 {
 					t.Errorf("%d sessions of %s (%v): the services do not run as it", sessions, user(t, url), err)
 				}
@@ -147,7 +147,7 @@ func TestLeastPrivilege_ServiceRefusesAnUnmigratedDatabase(t *testing.T) {
 		}
 	}
 	var tables int
-	if err := queryAs(t, env.DatabaseURL(db), `SELECT count(*) FROM pg_tables WHERE schemaname = 'public'`, &tables); err != nil || tables != 0 {
+	if err := execAs(t, env.DatabaseURL(db), `SELECT count(*) FROM pg_tables WHERE schemaname = 'public'`, &tables); err != nil || tables != 0 {
 		t.Errorf("%d tables in the database afterwards (%v), want none", tables, err)
 	}
 	// Nor did it declare its topology.
@@ -165,8 +165,9 @@ func TestLeastPrivilege_ServiceRefusesAnUnmigratedDatabase(t *testing.T) {
 	}
 }
 
-// execAs runs sql on the database at url, as its user.
-func execAs(t *testing.T, url, sql string) error {
+// execAs runs sql on the database at url, as its user, scanning the row it
+// returns into dest when dest is given.
+func execAs(t *testing.T, url, sql string, dest ...any) error {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -175,20 +176,11 @@ func execAs(t *testing.T, url, sql string) error {
 		return err
 	}
 	defer conn.Close(ctx)
+	if len(dest) > 0 {
+		return conn.QueryRow(ctx, sql).Scan(dest...)
+	}
 	_, err = conn.Exec(ctx, sql)
 	return err
-}
-
-func queryAs(t *testing.T, url, sql string, dest any) error {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	return conn.QueryRow(ctx, sql).Scan(dest)
 }
 
 func insufficientPrivilege(err error) bool {

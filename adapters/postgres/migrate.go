@@ -112,7 +112,10 @@ func applyMigration(ctx context.Context, conn *sqlx.Conn, table, name, body stri
 			return err
 		}
 	}
-	after, err := relations(ctx, tx)
+	// Only the relations this transaction created: another owner's
+	// migration may commit tables meanwhile (READ COMMITTED sees them), and
+	// those are not this file's.
+	after, err := relations(ctx, tx, `AND c.xmin::text = (txid_current() % 4294967296)::text`)
 	if err != nil {
 		return err
 	}
@@ -132,12 +135,13 @@ func applyMigration(ctx context.Context, conn *sqlx.Conn, table, name, body stri
 func historyTable(owner string) string { return owner + "_schema_migrations" }
 
 // relations lists the tables, views and sequences of the schemas on the
-// search path, by their names as regclass prints them.
-func relations(ctx context.Context, q sqlx.QueryerContext) ([]string, error) {
+// search path, by their names as regclass prints them, that also meet the
+// conditions and (SQL starting with AND).
+func relations(ctx context.Context, q sqlx.QueryerContext, and ...string) ([]string, error) {
 	var names []string
 	err := sqlx.SelectContext(ctx, q, &names, `SELECT c.oid::regclass::text FROM pg_class c
 		WHERE c.relnamespace = ANY (SELECT oid FROM pg_namespace WHERE nspname = ANY (current_schemas(false)))
-		  AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')`)
+		  AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f') `+strings.Join(and, " "))
 	if err != nil {
 		return nil, fmt.Errorf("list relations: %w", err)
 	}

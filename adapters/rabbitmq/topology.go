@@ -335,6 +335,40 @@ func (t Topology) Routes(exchange, routingKey string) bool {
 	return false
 }
 
+// Router returns Routes for exchange, prepared once: bindings without
+// wildcards are looked up in a set, so that a relay asking for every message
+// does not walk every binding.
+func (t Topology) Router(exchange string) func(routingKey string) bool {
+	exact := map[string]bool{}
+	var patterns [][]string
+	for _, q := range t.Queues {
+		for _, b := range q.Bindings {
+			switch {
+			case b.Exchange != exchange:
+			case strings.ContainsAny(b.RoutingKey, "*#"):
+				patterns = append(patterns, strings.Split(b.RoutingKey, "."))
+			default:
+				exact[b.RoutingKey] = true
+			}
+		}
+	}
+	return func(routingKey string) bool {
+		if exact[routingKey] {
+			return true
+		}
+		if len(patterns) == 0 {
+			return false
+		}
+		words := strings.Split(routingKey, ".")
+		for _, p := range patterns {
+			if topicMatch(p, words) {
+				return true
+			}
+		}
+		return false
+	}
+}
+
 func topicMatch(pattern, words []string) bool {
 	if len(pattern) == 0 {
 		return len(words) == 0

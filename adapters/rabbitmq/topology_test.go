@@ -317,3 +317,24 @@ func TestCheckDeclared(t *testing.T) {
 		t.Errorf("CheckDeclared after Declare: %v", err)
 	}
 }
+
+func TestTopology_Router(t *testing.T) {
+	t.Parallel()
+	topo := rabbitmq.Topology{Exchanges: []string{"x", "y"}, Queues: []rabbitmq.Queue{
+		{Name: "exact", Bindings: bind("x", "OrderPaid.3")},
+		{Name: "wild", Bindings: append(bind("x", "Invoice.*"), bind("y", "#")...)},
+	}}
+	for _, tc := range []struct {
+		exchange, key string
+	}{
+		{"x", "OrderPaid.3"}, {"x", "OrderPaid.4"}, {"x", "Invoice.1"}, {"x", "Invoice.1.2"},
+		{"y", "anything.at.all"}, {"y", ""}, {"z", "OrderPaid.3"},
+	} {
+		if got, want := topo.Router(tc.exchange)(tc.key), topo.Routes(tc.exchange, tc.key); got != want {
+			t.Errorf("Router(%s)(%q) = %v, Routes says %v", tc.exchange, tc.key, got, want)
+		}
+	}
+	if !topo.Router("x")("OrderPaid.3") || topo.Router("x")("OrderPaid.4") || !topo.Router("y")("a.b") {
+		t.Error("Router disagrees with the bindings")
+	}
+}

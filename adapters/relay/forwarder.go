@@ -295,10 +295,7 @@ type unwrapGuard struct {
 
 func (g *unwrapGuard) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		topic, inner, reason := unwrap(msg.Payload)
-		if reason == "" {
-			_, reason = publishing(topic, inner, 0, 0)
-		}
+		reason := unforwardable(msg.Payload)
 		if reason == "" {
 			return h(msg)
 		}

@@ -454,6 +454,16 @@ func TestRelays_SetAsideARowWhoseRoutingKeyIsTooLong(t *testing.T) {
 				t.Fatalf("set aside %+v, want kind %s with a reason naming the routing key", recs[0], wantKind)
 			}
 			f.expectOnly(d, nil)
+			if wantKind == relay.AsideInvalid {
+				// No broker takes it whatever it is given: a replay is
+				// refused, not put back into the outbox to be set aside again.
+				if _, err := relay.ReplaySetAside(context.Background(), f.db, recs[0].ID, quiet()); !errors.Is(err, relay.ErrNotEnvelope) {
+					t.Errorf("replay of the row: %v, want ErrNotEnvelope", err)
+				}
+				if recs := f.waitSetAside(1); len(recs) != 1 {
+					t.Errorf("%d rows set aside after the refused replay, want the one", len(recs))
+				}
+			}
 		})
 	}
 }

@@ -37,6 +37,18 @@ func CheckEnvelope(payload []byte) error {
 	return nil
 }
 
+// unforwardable returns why a relay cannot forward payload, or "": it is
+// not a forwarder envelope, or no broker can take it whatever its limits (a
+// routing key or header name longer than AMQP's short strings, metadata the
+// marshaler refuses).
+func unforwardable(payload []byte) string {
+	topic, inner, reason := unwrap(payload)
+	if reason == "" {
+		_, reason = publishing(topic, inner, 0, 0)
+	}
+	return reason
+}
+
 // notEnvelopeError says why a row is not an envelope; it is ErrNotEnvelope.
 type notEnvelopeError struct{ reason string }
 
@@ -206,8 +218,9 @@ func DiscardSetAside(ctx context.Context, db *sqlx.DB, id int64, logger *slog.Lo
 // ReplaySetAside puts the set-aside row id back into its outbox, in one
 // transaction that inserts it as a new outbox row (behind every row already
 // there) and deletes it from outbox_set_aside. Only a row that now passes
-// CheckEnvelope is replayed; any other stays set aside and the error wraps
-// ErrNotEnvelope. For a poison row it asks the relay instead, which
+// CheckEnvelope, and that a broker could take (no routing key or header
+// name over 255 bytes, no reserved metadata), is replayed; any other stays
+// set aside and the error wraps ErrNotEnvelope. For a poison row it asks the relay instead, which
 // publishes it and then the rows held behind it, before any later row of
 // its aggregate: the error then wraps ErrReleaseRequested. A held row is
 // refused with ErrHeld.
@@ -230,8 +243,8 @@ func ReplaySetAside(ctx context.Context, db *sqlx.DB, id int64, logger *slog.Log
 	if err != nil {
 		return SetAsideRecord{}, fmt.Errorf("replay set-aside outbox row %d: %w", id, err)
 	}
-	if err := CheckEnvelope(rec.Payload); err != nil {
-		return rec, fmt.Errorf("outbox row %d still cannot be forwarded: %w", id, err)
+	if reason := unforwardable(rec.Payload); reason != "" {
+		return rec, fmt.Errorf("outbox row %d still cannot be forwarded: %w", id, &notEnvelopeError{reason: reason})
 	}
 	cfg := outbox.Config{Topic: rec.Outbox}
 	if err := cfg.Validate(); err != nil {

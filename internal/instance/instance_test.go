@@ -172,7 +172,7 @@ func TestPostgres_KillAndStart(t *testing.T) {
 		if pids := markedProcesses(pg.root, false); len(pids) > 0 {
 			t.Fatalf("processes %v survived the kill", pids)
 		}
-		refuses(t, pg.Dir, pg.Port)
+		refuses(t, pg.root, pg.Port)
 		if err := open.Ping(ctx); err == nil {
 			t.Error("a session survived the kill")
 		}
@@ -183,7 +183,7 @@ func TestPostgres_KillAndStart(t *testing.T) {
 
 		pgExec(t, url, `INSERT INTO kept (note) VALUES ('committed before the stop')`)
 		pg.Stop(t)
-		refuses(t, pg.Dir, pg.Port)
+		refuses(t, pg.root, pg.Port)
 		pg.Start(t)
 		if got := pgRows(t, url); len(got) != 2 {
 			t.Errorf("after stop and start the table holds %q", got)

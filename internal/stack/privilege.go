@@ -40,8 +40,10 @@ func (s *Stack) setUpPrivileges(ctx context.Context) error {
 	p := &privileges{migrator: s.Namespace + "_migrator"}
 	s.privileges = p
 	ordersRole, settleRole := s.Namespace+"_orders", s.Namespace+"_settlement"
+	passwords := map[string]string{}
 	for _, role := range []string{ordersRole, settleRole, p.migrator} {
-		if err := env.Exec(ctx, "", `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+` LOGIN PASSWORD '`+secret()+`'`); err != nil {
+		passwords[role] = secret()
+		if err := env.Exec(ctx, "", `CREATE ROLE `+pgx.Identifier{role}.Sanitize()+` LOGIN PASSWORD '`+passwords[role]+`'`); err != nil {
 			return err
 		}
 		p.roles = append(p.roles, role)
@@ -60,10 +62,15 @@ func (s *Stack) setUpPrivileges(ctx context.Context) error {
 				return err
 			}
 		}
-		// PostgreSQL 15 grants no CREATE on public to PUBLIC any more;
-		// older servers do.
-		if err := env.Exec(ctx, db, `REVOKE CREATE ON SCHEMA public FROM PUBLIC`); err != nil {
-			return err
+		// The migrator owns public, as PostgreSQL 15 makes the database
+		// owner do; older servers let PUBLIC create there, 15 no longer does.
+		for _, sql := range []string{
+			`ALTER SCHEMA public OWNER TO ` + pgx.Identifier{p.migrator}.Sanitize(),
+			`REVOKE CREATE ON SCHEMA public FROM PUBLIC`,
+		} {
+			if err := env.Exec(ctx, db, sql); err != nil {
+				return err
+			}
 		}
 	}
 	for role, db := range map[string]string{ordersRole: s.OrdersDB, settleRole: s.SettleDB} {
@@ -72,10 +79,10 @@ func (s *Stack) setUpPrivileges(ctx context.Context) error {
 		}
 	}
 	var err error
-	if p.ordersURL, err = testenv.WithUser(s.Config.Env.DatabaseURL(s.OrdersDB), ordersRole, ""); err != nil {
+	if p.ordersURL, err = testenv.WithUser(s.Config.Env.DatabaseURL(s.OrdersDB), ordersRole, passwords[ordersRole]); err != nil {
 		return err
 	}
-	if p.settleURL, err = testenv.WithUser(s.Config.Env.DatabaseURL(s.SettleDB), settleRole, ""); err != nil {
+	if p.settleURL, err = testenv.WithUser(s.Config.Env.DatabaseURL(s.SettleDB), settleRole, passwords[settleRole]); err != nil {
 		return err
 	}
 
@@ -113,7 +120,7 @@ func (s *Stack) setUpPrivileges(ctx context.Context) error {
 	// The migrate command of each module, as the migrator, granting the
 	// module's runtime role.
 	migratorURL := func(db string) (string, error) {
-		return testenv.WithUser(s.Config.Env.DatabaseURL(db), p.migrator, "")
+		return testenv.WithUser(s.Config.Env.DatabaseURL(db), p.migrator, passwords[p.migrator])
 	}
 	for _, m := range []struct{ module, db, role string }{{"orders", s.OrdersDB, ordersRole}, {"settlement", s.SettleDB, settleRole}} {
 		url, err := migratorURL(m.db)

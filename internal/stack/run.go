@@ -183,11 +183,8 @@ func (s *Stack) baseEnv(privilegedAMQP string) []string {
 // "settlement") on database dbURL, with extra entries last.
 func (s *Stack) serviceEnv(module, dbURL string, extra []string) []string {
 	amqpURL := ""
-	if p := s.privileges; p != nil {
-		dbURL, amqpURL = p.ordersURL, p.ordersAMQP
-		if module == "settlement" {
-			dbURL, amqpURL = p.settleURL, p.settleAMQP
-		}
+	if s.privileges != nil {
+		dbURL, amqpURL = s.ServiceURLs(module)
 	}
 	env := append(s.baseEnv(amqpURL), "DATABASE_URL="+dbURL)
 	return append(env, extra...)
