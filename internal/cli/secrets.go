@@ -203,7 +203,10 @@ func Passwords(raw string) []string {
 				add(pw)
 				for i := range len(pw) {
 					if strings.IndexByte("/?#", pw[i]) >= 0 {
-						found = append(found, pw[:i], pw[i+1:])
+						// Split further as the whole is: a parser may
+						// take a ':' of this piece for a port's.
+						add(pw[:i])
+						add(pw[i+1:])
 					}
 				}
 			}
