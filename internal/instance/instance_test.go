@@ -32,36 +32,40 @@ func gone(t *testing.T, dir string) {
 
 // refuses checks that no process of the instance in dir listens on port
 // any more. A connection that is accepted all the same is looked into: a
-// socket connected to itself (Linux may pick the port dialled, free and in
-// its ephemeral range, as the dialling socket's own) or a listener of
-// another process, which took the port once it was free, is not the
-// instance's.
+// socket connected to itself (Linux may pick the port dialled, free, as the
+// dialling socket's own) or a listener of another process, which took the
+// port once it was free, is not the instance's. When no listener is found
+// at all, one came and went between the dial and the look: the check runs
+// again, a bounded number of times.
 func refuses(t *testing.T, dir string, port int) {
 	t.Helper()
-	conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
-	if err != nil {
-		return
-	}
-	self := conn.LocalAddr().String() == conn.RemoteAddr().String()
-	conn.Close()
-	if self {
-		t.Logf("port %d: the dial connected to itself; nothing listens there", port)
-		return
-	}
-	pids := listeners(t, port)
-	ours := markedProcesses(dir, false)
-	for _, pid := range pids {
-		if slices.Contains(ours, pid) {
-			t.Errorf("port %d still accepts connections, from process %d of the instance", port, pid)
+	for range 20 {
+		conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
+		if err != nil {
 			return
 		}
+		self := conn.LocalAddr().String() == conn.RemoteAddr().String()
+		conn.Close()
+		if self {
+			t.Logf("port %d: the dial connected to itself; nothing listens there", port)
+			return
+		}
+		pids := listeners(t, port)
+		ours := markedProcesses(dir, false)
+		for _, pid := range pids {
+			if slices.Contains(ours, pid) {
+				t.Errorf("port %d still accepts connections, from process %d of the instance", port, pid)
+				return
+			}
+		}
+		if len(pids) > 0 {
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pids[0]))
+			t.Logf("port %d was taken, once free, by process %d (%s), not the instance's", port, pids[0], strings.TrimSpace(string(comm)))
+			return
+		}
+		t.Logf("port %d accepted a connection, but no process listens there now; looking again", port)
 	}
-	if len(pids) == 0 {
-		t.Errorf("port %d still accepts connections, and no listening process was found", port)
-		return
-	}
-	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pids[0]))
-	t.Logf("port %d was taken, once free, by process %d (%s), not the instance's", port, pids[0], strings.TrimSpace(string(comm)))
+	t.Errorf("port %d kept accepting connections, and no listening process was found", port)
 }
 
 // listeners returns the processes holding a socket that listens on

@@ -2,8 +2,8 @@ package instance
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -222,29 +222,58 @@ func reservedPort(p int) bool {
 	return p >= 35672 && p <= 35682 || p == 4369 || p == 5432 || p == 5672 || p == 25672
 }
 
-// freePort returns a loopback TCP port that was free a moment ago: the
-// kernel picks it (listen on 127.0.0.1:0), the listener is closed. A server
-// that then fails to bind it is started again on another (see the callers).
+// freePort returns a loopback TCP port that was free a moment ago, chosen
+// outside the kernel's ephemeral range (ip_local_port_range): the kernel
+// never hands such a port to a bind to port 0 or to an outgoing connection,
+// so while a killed server is down nothing but another explicit bind can
+// take its port (the short-lived Erlang nodes rabbitmqctl starts listen on
+// ephemeral ports, many times a second while the suite runs). A server that
+// then fails to bind it is started again on another (see the callers).
 func freePort() (int, error) {
 	ports.Lock()
 	defer ports.Unlock()
 	if ports.given == nil {
 		ports.given = map[int]bool{}
 	}
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, fmt.Errorf("pick a free port: %w", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
+	lo, hi := privatePortRange()
+	for range 1000 {
+		port := lo + rand.IntN(hi-lo+1)
 		if ports.given[port] || reservedPort(port) {
 			continue
 		}
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			continue
+		}
+		l.Close()
 		ports.given[port] = true
 		return port, nil
 	}
-	return 0, errors.New("pick a free port: no new port in 100 tries")
+	return 0, fmt.Errorf("pick a free port: none free in %d-%d after 1000 tries", lo, hi)
+}
+
+// privatePortRange returns the range freePort picks from: the ports below
+// the kernel's ephemeral range down to 10000, or those above it when the
+// range starts too low to leave room below.
+func privatePortRange() (lo, hi int) {
+	first, last := 32768, 60999
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if a, err := strconv.Atoi(f[0]); err == nil {
+				if z, err := strconv.Atoi(f[1]); err == nil {
+					first, last = a, z
+				}
+			}
+		}
+	}
+	switch {
+	case first-1 >= 10000+1000:
+		return 10000, first - 1
+	case last+1 <= 65535-1000:
+		return last + 1, 65535
+	default: // no room outside the range: pick from all of it
+		return 10000, 65535
+	}
 }
 
 // processStart returns the start time of process pid (in clock ticks since
