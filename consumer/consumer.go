@@ -14,6 +14,8 @@ import (
 	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxmill/outboxmill/adapters/metrics"
 	"github.com/outboxmill/outboxmill/adapters/outbox"
@@ -70,6 +72,12 @@ type Config struct {
 	OnDuplicate, OnProcessed func(*message.Message)
 	// CloseTimeout bounds the router's drain on Close; default 20 s.
 	CloseTimeout time.Duration
+	// TracerProvider receives a span per run of the handler on an event
+	// (SpanName), the child of the trace context the message carries;
+	// default otel.GetTracerProvider(), which records nothing unless the
+	// process set a provider. The handler's ctx carries the span, and the
+	// events it raises carry the span's context in their outbox rows.
+	TracerProvider trace.TracerProvider
 	// Logger receives warnings; default slog.Default(). Warnings about
 	// failures that repeat (set-aside messages, retries in place, lanes
 	// consuming again, held events not released) are throttled per kind:
@@ -93,6 +101,9 @@ func (c *Config) setDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
 }
 
 // Consumer runs one handler in a process: its lanes, and the release of
@@ -106,6 +117,7 @@ type Consumer struct {
 	setAside *postgres.SetAsideStore
 	retry    middleware.Retry
 	logs     *middleware.LogThrottle // the handler's warnings, shared by its lanes
+	traces   handleTracer            // the spans of the handler's runs
 	outcomes sync.Map                // *message.Message -> outcome, from its transaction to its commit
 
 	batch      *rabbitmq.BatchConsumer
@@ -158,6 +170,7 @@ func New(h Handler, cfg Config) (*Consumer, error) {
 		setAside: postgres.NewSetAsideStore(cfg.DB),
 		retry:    cfg.Retry,
 		logs:     &middleware.LogThrottle{Logger: cfg.Logger},
+		traces:   newHandleTracer(cfg.TracerProvider, h.Name),
 		release:  make(chan struct{}, 1),
 		held:     true, // until the first look finds none
 	}
@@ -310,6 +323,7 @@ type decoded struct {
 	env     outbox.Envelope
 	payload any
 	c       Case
+	msg     *message.Message
 }
 
 func (d decoded) ref() postgres.AggregateRef {
@@ -337,10 +351,19 @@ func (c *Consumer) decode(msg *message.Message) (decoded, error) {
 	return decoded{env: env, payload: payload, c: cs}, nil
 }
 
-// applyOne handles msg inside the transaction Dedup opened for it.
-func (c *Consumer) applyOne(msg *message.Message) ([]*message.Message, error) {
+// applyOne handles msg inside the transaction Dedup opened for it, in the
+// span of the handler's run.
+func (c *Consumer) applyOne(msg *message.Message) (_ []*message.Message, err error) {
 	c.outcomes.Delete(msg)
-	ctx := msg.Context()
+	ctx, span := c.traces.start(msg.Context(), msg)
+	result := ResultFailed
+	defer func() {
+		if v := recover(); v != nil {
+			end(span, ResultFailed, fmt.Errorf("panic: %v", v))
+			panic(v)
+		}
+		end(span, result, err)
+	}()
 	tx, ok := postgres.HandlerTx(ctx)
 	if !ok {
 		return nil, errors.New("consumer: no transaction in the message's context")
@@ -352,6 +375,7 @@ func (c *Consumer) applyOne(msg *message.Message) ([]*message.Message, error) {
 	verdict, err := c.guard.Check(ctx, tx, d.ref())
 	var gap *postgres.GapError
 	if errors.As(err, &gap) {
+		result = ResultHeld
 		return nil, &middleware.HoldError{
 			AggregateType: gap.AggregateType, AggregateID: gap.AggregateID, AggregateVersion: gap.Got,
 			HeldUntil: time.Now().Add(c.h.HoldFor), Err: gap,
@@ -361,6 +385,7 @@ func (c *Consumer) applyOne(msg *message.Message) ([]*message.Message, error) {
 		return nil, err
 	}
 	if verdict == postgres.Stale {
+		result = ResultStale
 		c.outcomes.Store(msg, outcome{stale: true})
 		return nil, nil
 	}
@@ -371,6 +396,7 @@ func (c *Consumer) applyOne(msg *message.Message) ([]*message.Message, error) {
 	if err := c.writeEvents(ctx, wmsql.TxFromStdSQL(tx.Tx), events); err != nil {
 		return nil, err
 	}
+	result = ResultOK
 	c.outcomes.Store(msg, outcome{events: len(events)})
 	return nil, nil
 }
@@ -396,18 +422,20 @@ func (c *Consumer) handleBatch(ctx context.Context, tx *sqlx.Tx, msgs []*message
 	for i, d := range ds {
 		if verdicts[i] == postgres.Stale {
 			c.outcomes.Store(msgs[i], outcome{stale: true})
+			_, span := c.traces.start(ctx, msgs[i])
+			end(span, ResultStale, nil)
 			continue
 		}
 		apply = append(apply, d)
 	}
-	events, err := runAll(ctx, tx, apply)
+	rs, err := c.runAll(ctx, tx, apply)
 	if err != nil {
 		return err
 	}
-	if err := c.writeEvents(ctx, wmsql.TxFromStdSQL(tx.Tx), events); err != nil {
+	if err := c.writeRaised(wmsql.TxFromStdSQL(tx.Tx), rs); err != nil {
 		return err
 	}
-	c.noteEvents(msgs, len(events))
+	c.noteEvents(msgs, count(rs))
 	return nil
 }
 
@@ -426,38 +454,74 @@ func (c *Consumer) queueBatch(ctx context.Context, b *pgbatch.Tx, msgs []*messag
 	if !c.guard.QueueBatch(b, refs) {
 		return postgres.ErrNotPipelined
 	}
-	events, err := runAll(ctx, postgres.Deferred(b), ds)
+	rs, err := c.runAll(ctx, postgres.Deferred(b), ds)
 	if err != nil {
 		return err
 	}
-	if err := c.writeEvents(ctx, b, events); err != nil {
+	if err := c.writeRaised(b, rs); err != nil {
 		return err
 	}
-	c.noteEvents(msgs, len(events))
+	c.noteEvents(msgs, count(rs))
 	return nil
 }
 
-// runAll runs the cases of ds through tx, in order, handing each run of
-// consecutive events of one case over in one call.
-func runAll(ctx context.Context, tx postgres.Tx, ds []decoded) ([]domain.Event, error) {
-	var events []domain.Event
+// runAll runs the cases of ds through tx, in order: an On case one event
+// at a time, each in its span, and an OnBatch case a run of consecutive
+// events of its type in one call, covered by a span per event. It returns
+// the events raised by each call.
+func (c *Consumer) runAll(ctx context.Context, tx postgres.Tx, ds []decoded) ([]raised, error) {
+	var out []raised
 	for start := 0; start < len(ds); {
-		end := start + 1
-		for end < len(ds) && ds[end].c.payload == ds[start].c.payload {
-			end++
+		stop := start + 1
+		for stop < len(ds) && ds[stop].c.payload == ds[start].c.payload {
+			stop++
 		}
-		envs, payloads := make([]outbox.Envelope, end-start), make([]any, end-start)
-		for i, d := range ds[start:end] {
+		run, cs := ds[start:stop], ds[start].c
+		start = stop
+		if !cs.batch {
+			for _, d := range run {
+				dctx, span := c.traces.start(ctx, d.msg)
+				evs, err := cs.run(dctx, tx, []outbox.Envelope{d.env}, []any{d.payload})
+				if err != nil {
+					end(span, ResultFailed, err)
+					return nil, err
+				}
+				end(span, ResultOK, nil)
+				out = append(out, raised{ctx: dctx, events: evs})
+			}
+			continue
+		}
+		envs, payloads := make([]outbox.Envelope, len(run)), make([]any, len(run))
+		spans := make([]trace.Span, len(run))
+		for i, d := range run {
 			envs[i], payloads[i] = d.env, d.payload
+			_, spans[i] = c.traces.start(ctx, d.msg)
 		}
-		evs, err := ds[start].c.run(ctx, tx, envs, payloads)
+		evs, err := cs.run(ctx, tx, envs, payloads)
+		result := ResultOK
+		if err != nil {
+			result = ResultFailed
+		}
+		for _, span := range spans {
+			end(span, result, err)
+		}
 		if err != nil {
 			return nil, err
 		}
-		events = append(events, evs...)
-		start = end
+		out = append(out, raised{ctx: ctx, events: evs})
 	}
-	return events, nil
+	return out, nil
+}
+
+// writeRaised writes the events of rs to the outbox through exec, each
+// call's events with its context's trace context.
+func (c *Consumer) writeRaised(exec wmsql.ContextExecutor, rs []raised) error {
+	for _, r := range rs {
+		if err := c.writeEvents(r.ctx, exec, r.events); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (c *Consumer) decodeAll(msgs []*message.Message) ([]decoded, error) {
@@ -468,6 +532,7 @@ func (c *Consumer) decodeAll(msgs []*message.Message) ([]decoded, error) {
 		if err != nil {
 			return nil, err
 		}
+		d.msg = msg
 		ds[i] = d
 	}
 	return ds, nil

@@ -29,4 +29,10 @@
 // handled again one message at a time through the chain. KindRouter runs
 // each lane as a Watermill router handler instead. Either way the handler
 // is written once.
+//
+// Each run of a handler on an event is a span (SpanName, through
+// Config.TracerProvider), the child of the W3C trace context the message
+// carries; the handler's ctx carries it, and so do the outbox rows of the
+// events it raises. A message without trace headers, or with malformed
+// ones, is handled as any other. docs/tracing.md has the details.
 package consumer

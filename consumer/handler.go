@@ -51,6 +51,9 @@ type BatchFunc[T any] func(ctx context.Context, tx postgres.Tx, evs []Event[T]) 
 // Case is one event type a handler handles, made by On or OnBatch.
 type Case struct {
 	payload reflect.Type
+	// batch: run takes a run of consecutive events in one call (OnBatch);
+	// otherwise it is called with one event at a time, each in its span.
+	batch bool
 	// run handles consecutive events of the case's type.
 	run func(ctx context.Context, tx postgres.Tx, envs []outbox.Envelope, payloads []any) ([]domain.Event, error)
 }
@@ -87,9 +90,14 @@ func On[T any](fn Func[T]) Case {
 // of type T (between events of other types or ones the version guard
 // skips) is handed over in one call, so that its effects can be written in
 // one statement.
+//
+// Each event still gets a span of its own (see Config.TracerProvider),
+// covering the one call; ctx is the batch's, without a span, so the
+// events fn raises carry no trace context.
 func OnBatch[T any](fn BatchFunc[T]) Case {
 	return Case{
 		payload: reflect.TypeFor[T](),
+		batch:   true,
 		run: func(ctx context.Context, tx postgres.Tx, envs []outbox.Envelope, payloads []any) ([]domain.Event, error) {
 			evs := make([]Event[T], len(envs))
 			for i, env := range envs {

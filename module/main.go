@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -52,6 +53,12 @@ type Command struct {
 // variable and its _FILE must not both be set, and a flag wins over both.
 // The passwords of the URLs are replaced by xxxxx in everything the command
 // writes, malformed URLs' included.
+//
+// Spans are exported over OTLP/HTTP only when OTEL_EXPORTER_OTLP_ENDPOINT
+// or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set (see
+// NewOTLPTracerProvider; service.name defaults to the command's name), and
+// flushed when the command stops; an exporter that cannot be made or
+// reached is logged and the service runs on.
 //
 // With "migrate" as the first argument, the command runs Migrate for its
 // modules, with the same flags plus -runtime-role (RUNTIME_ROLE), and exits:
@@ -219,6 +226,14 @@ func Main(c Command, args []string, stderr io.Writer) int {
 		}
 		logger.Info("migrated", "modules", strings.Join(cfg.Run, ","), "namespace", cfg.Namespace, "runtime_role", *runtimeRole)
 		return 0
+	}
+	// Spans are exported only when the environment names an OTLP
+	// endpoint; the exporter reads its other OTEL_* settings itself.
+	secrets.Hide(os.Getenv(OTLPEndpointEnv), os.Getenv(OTLPTracesEndpointEnv))
+	tp, stopTracing := otlpTracing(ctx, c.Name, os.Getenv, logger)
+	defer stopTracing()
+	if tp != nil {
+		cfg.TracerProvider = tp
 	}
 	p, err := New(ctx, c.Set, cfg)
 	if err != nil {

@@ -14,6 +14,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxmill/outboxmill/adapters/metrics"
 	"github.com/outboxmill/outboxmill/adapters/outbox"
@@ -76,6 +78,16 @@ type Config struct {
 	// this process's relays listen for them; default true. A relay in the
 	// same process is woken in-process either way.
 	RelayNotify *bool
+	// RelayDatabaseURLs maps a module's name to the database URL its relay
+	// uses instead of the module's: the same database reached another way
+	// (a proxy, a pooler in session mode). A relay on a URL that no module
+	// uses has a pool of its own, of MaxDBConns connections. Test kits use
+	// it to cut a relay's connections alone (outboxtest.Running.KillRelay).
+	RelayDatabaseURLs map[string]string
+	// RelayAMQPURL, when set, is the broker URL the relays use instead of
+	// AMQPURL: the same broker reached another way, or as a user that may
+	// only publish.
+	RelayAMQPURL string
 	// Consumer is how handlers read their lanes: consumer.KindBatch
 	// (default) or consumer.KindRouter.
 	Consumer string
@@ -101,6 +113,12 @@ type Config struct {
 	Retention retention.Config
 	// Logger receives the process's logs; default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider receives the process's spans: the HTTP server's per
+	// request, the relays' per publish and the handlers' per event (see
+	// docs/tracing.md). Default otel.GetTracerProvider(), which records
+	// nothing unless the process set a provider; HTTP.TracerProvider, when
+	// set, wins for the HTTP server.
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) setDefaults() {
@@ -152,6 +170,12 @@ func (c *Config) setDefaults() {
 	if c.HTTP.Logger == nil {
 		c.HTTP.Logger = c.Logger
 	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.HTTP.TracerProvider == nil {
+		c.HTTP.TracerProvider = c.TracerProvider
+	}
 }
 
 // Validate checks the configuration, after defaults are applied, against
@@ -183,6 +207,11 @@ func (c Config) Validate(set Set) error {
 	for name := range c.DatabaseURLs {
 		if _, ok := set.Find(name); !ok {
 			errs = append(errs, fmt.Errorf("database URL for unknown module %q", name))
+		}
+	}
+	for name := range c.RelayDatabaseURLs {
+		if _, ok := set.Find(name); !ok {
+			errs = append(errs, fmt.Errorf("relay database URL for unknown module %q", name))
 		}
 	}
 	if err := c.checkPools(set); err != nil {
@@ -221,19 +250,22 @@ func (c Config) Validate(set Set) error {
 
 // checkPools refuses a MaxDBConns that the connections held for good
 // would fill: each relay keeps its lease session, and with RelayNotify a
-// session listening for wake-ups, out of its module's pool, and requests,
-// consumers and retention need at least two more.
+// session listening for wake-ups, out of its pool (its module's, or the
+// one of its RelayDatabaseURLs entry), and requests, consumers and
+// retention need at least two more; a pool of relays alone needs one more,
+// for their reads.
 func (c Config) checkPools(set Set) error {
 	if !*c.Relay {
 		return nil
 	}
-	held, modules := map[string]int{}, map[string][]string{}
+	held, modules, shared := map[string]int{}, map[string][]string{}, map[string]bool{}
 	for _, name := range c.Run {
+		shared[c.databaseURL(name)] = true
 		m, ok := set.Find(name)
 		if !ok || len(m.Publishes) == 0 {
 			continue
 		}
-		url := c.databaseURL(name)
+		url := c.relayDatabaseURL(name)
 		held[url]++
 		if *c.RelayNotify {
 			held[url]++
@@ -242,6 +274,13 @@ func (c Config) checkPools(set Set) error {
 	}
 	var errs []error
 	for url, n := range held {
+		if !shared[url] {
+			if c.MaxDBConns < n+1 {
+				errs = append(errs, fmt.Errorf("a pool of %d connections is too small for the relays of modules %s on their relay database URL: they hold %d, and at least 1 more is needed (MaxDBConns)",
+					c.MaxDBConns, strings.Join(modules[url], ", "), n))
+			}
+			continue
+		}
 		if c.MaxDBConns < n+2 {
 			errs = append(errs, fmt.Errorf("a pool of %d connections is too small for modules %s on one database: their relays hold %d, and at least 2 more are needed (MaxDBConns, or give the modules databases of their own)",
 				c.MaxDBConns, strings.Join(modules[url], ", "), n))
@@ -255,6 +294,14 @@ func (c Config) databaseURL(module string) string {
 		return u
 	}
 	return c.DatabaseURL
+}
+
+// relayDatabaseURL is the database URL of module's relay.
+func (c Config) relayDatabaseURL(module string) string {
+	if u := c.RelayDatabaseURLs[module]; u != "" {
+		return u
+	}
+	return c.databaseURL(module)
 }
 
 func (s Set) names() []string {
@@ -354,7 +401,13 @@ func New(ctx context.Context, set Set, config Config) (p *Process, err error) {
 		if len(m.Publishes) > 0 {
 			box := m.Outbox()
 			tables[db].Outboxes = append(tables[db].Outboxes, box)
-			if listener, err = p.relay(db, box, names.Exchange(m.Name), topology, reg); err != nil {
+			relayDB := db
+			if *config.Relay {
+				if relayDB, err = p.pool(ctx, config.relayDatabaseURL(name)); err != nil {
+					return nil, fmt.Errorf("module %s: relay: %w", name, err)
+				}
+			}
+			if listener, err = p.relay(db, relayDB, box, names.Exchange(m.Name), topology, reg); err != nil {
 				return nil, fmt.Errorf("module %s: %w", name, err)
 			}
 			if writer, err = outbox.NewWriter(box, p.registry, watermill.NewSlogLogger(config.Logger)); err != nil {
@@ -386,6 +439,7 @@ func New(ctx context.Context, set Set, config Config) (p *Process, err error) {
 				Kind: config.Consumer, MaxBatch: config.MaxBatch, Prefetch: config.Prefetch,
 				Retry: config.Retry, Metrics: consumerMetrics.Handler(h.Name),
 				CloseTimeout: config.ShutdownTimeout, Logger: config.Logger,
+				TracerProvider: config.TracerProvider,
 			})
 			if err != nil {
 				return nil, err
@@ -463,10 +517,10 @@ func (p *Process) purger(purger *retention.Purger, err error) (*retention.Purger
 	return purger, nil
 }
 
-// relay builds the relay of box, when this process runs relays, and returns
-// what a commit of box must wake: that relay in process, and relays of
-// other instances through a notification.
-func (p *Process) relay(db *sqlx.DB, box outbox.Config, exchange string, topology rabbitmq.Topology, reg prometheus.Registerer) (app.CommitListener, error) {
+// relay builds the relay of box on relayDB, when this process runs relays,
+// and returns what a commit of box must wake: that relay in process, and
+// relays of other instances through a notification sent on db.
+func (p *Process) relay(db, relayDB *sqlx.DB, box outbox.Config, exchange string, topology rabbitmq.Topology, reg prometheus.Registerer) (app.CommitListener, error) {
 	c := p.config
 	var listeners app.CommitListeners
 	channel := relay.DefaultNotifyChannel + "_" + box.Topic
@@ -478,7 +532,7 @@ func (p *Process) relay(db *sqlx.DB, box outbox.Config, exchange string, topolog
 		routes := topology.Router(exchange)
 		relayConfig := relay.Config{
 			Outbox:       box,
-			AMQPURL:      c.AMQPURL,
+			AMQPURL:      c.relayAMQPURL(),
 			Exchange:     exchange,
 			PollInterval: c.RelayPollInterval,
 			LeaseTimeout: c.RelayLeaseTimeout,
@@ -489,13 +543,14 @@ func (p *Process) relay(db *sqlx.DB, box outbox.Config, exchange string, topolog
 				}
 				return routed
 			},
-			Logger:  c.Logger,
-			Metrics: relayMetrics,
+			Logger:         c.Logger,
+			Metrics:        relayMetrics,
+			TracerProvider: c.TracerProvider,
 		}
 		if *c.RelayNotify {
 			relayConfig.NotifyChannel = channel
 		}
-		r, err := relay.New(db, c.RelayKind, relayConfig)
+		r, err := relay.New(relayDB, c.RelayKind, relayConfig)
 		if err != nil {
 			return nil, err
 		}
@@ -519,6 +574,14 @@ func (p *Process) relay(db *sqlx.DB, box outbox.Config, exchange string, topolog
 		listeners = append(listeners, relay.NewNotifier(db, channel, c.Logger))
 	}
 	return listeners, nil
+}
+
+// relayAMQPURL is the broker URL of the relays.
+func (c Config) relayAMQPURL() string {
+	if c.RelayAMQPURL != "" {
+		return c.RelayAMQPURL
+	}
+	return c.AMQPURL
 }
 
 // Addr returns the address the HTTP server listens on.

@@ -90,6 +90,10 @@ func (w *Writer) Write(ctx context.Context, tx *sqlx.Tx, events []domain.Event) 
 // publisher's handle on the caller's transaction: a *sql.Tx wrapped by
 // wmsql.TxFromStdSQL, or a *pgbatch.Tx, which queues the inserts and sends
 // them with the transaction's other statements in one round trip.
+//
+// When ctx carries a valid span context, each event's message metadata
+// gets its W3C trace context (InjectTrace), which the relay carries as AMQP
+// headers to the handlers; otherwise the rows are as without tracing.
 func (w *Writer) WriteTo(ctx context.Context, exec wmsql.ContextExecutor, events []domain.Event) error {
 	if len(events) == 0 {
 		return nil
@@ -111,6 +115,7 @@ func (w *Writer) WriteTo(ctx context.Context, exec wmsql.ContextExecutor, events
 		if err != nil {
 			return err
 		}
+		InjectTrace(ctx, msg.Metadata)
 		msg.SetContext(ctx)
 		if err := enveloped.Publish(RoutingKey(ev.Type, ev.AggregateID), msg); err != nil {
 			return fmt.Errorf("write event %s to outbox: %w", ev.ID, err)

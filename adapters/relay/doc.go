@@ -23,4 +23,9 @@
 // yet. Both set aside a row that is not a valid envelope (table
 // outbox_set_aside) instead of blocking the rows behind it. docs/relay.md
 // explains the design and its trade-offs.
+//
+// Both publish each event in a span (PublishSpanName, through
+// Config.TracerProvider), the child of the trace context stored with its
+// row, and carry the span's context in the message's traceparent header
+// (docs/tracing.md).
 package relay

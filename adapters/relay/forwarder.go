@@ -13,6 +13,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
@@ -106,6 +108,11 @@ type Config struct {
 	NotifyChannel string
 	// Metrics receives the relay's publish outcomes; default NopMetrics.
 	Metrics Metrics
+	// TracerProvider receives a span per publish (PublishSpanName), the
+	// child of the trace context stored with the event; default
+	// otel.GetTracerProvider(), which records nothing unless the process
+	// set a provider.
+	TracerProvider trace.TracerProvider
 	// Logger receives the relay's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -170,6 +177,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Metrics == nil {
 		c.Metrics = NopMetrics{}
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -245,7 +255,8 @@ func NewForwarder(db *sqlx.DB, config Config) (*Forwarder, error) {
 		return nil, fmt.Errorf("relay: broker publisher: %w", err)
 	}
 	sa := &unwrapGuard{db: db, outbox: config.Outbox.Topic, logger: config.Logger}
-	fwd, err := forwarder.NewForwarder(sub, pub, logger, forwarder.Config{
+	traced := tracingPublisher{Publisher: pub, traces: newPublishTracer(config.TracerProvider, config.Outbox.Topic, config.Exchange)}
+	fwd, err := forwarder.NewForwarder(sub, traced, logger, forwarder.Config{
 		ForwarderTopic: config.Outbox.Topic,
 		// The guard runs first: a row it sets aside is not a publish.
 		Middlewares: []message.HandlerMiddleware{sa.middleware, metricsMiddleware(config.Metrics)},

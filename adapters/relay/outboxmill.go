@@ -69,6 +69,7 @@ type Outboxmill struct {
 	db     *sqlx.DB
 	config Config
 	logger *slog.Logger
+	traces publishTracer
 
 	mu        sync.Mutex
 	suspects  map[position]suspicion // rows the broker closed the connection on
@@ -94,6 +95,7 @@ func NewOutboxmill(db *sqlx.DB, config Config) (*Outboxmill, error) {
 		db:       db,
 		config:   config,
 		logger:   config.Logger.With("outbox", config.Outbox.Topic, "consumer_group", config.ConsumerGroup),
+		traces:   newPublishTracer(config.TracerProvider, config.Outbox.Topic, config.Exchange),
 		suspects: map[position]suspicion{},
 		wake:     make(chan struct{}, 1),
 		closing:  make(chan struct{}),

@@ -334,23 +334,30 @@ func (s *stream) release(ctx context.Context, m *entry) error {
 		if reason != "" {
 			return s.keepSetAside(ctx, m, rec, reason)
 		}
+		span := s.r.traces.start(topic, msg)
+		injectHeaders(span, &pub, s.frameMax)
 		dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, s.r.config.Exchange, topic,
 			s.r.config.RequireRoute(topic), false, pub)
 		if err != nil {
-			return s.fail(fmt.Errorf("publish released event %s: %w", msg.UUID, err))
+			err = fmt.Errorf("publish released event %s: %w", msg.UUID, err)
+			endPublish(span, err.Error())
+			return s.fail(err)
 		}
 		acked, err := s.r.waitConfirm(ctx, dc)
 		if err != nil {
+			endPublish(span, err.Error())
 			return s.fail(err)
 		}
 		s.drainReturns()
 		_, returned := s.returned[msg.UUID]
 		delete(s.returned, msg.UUID)
 		if !acked || returned {
+			endPublish(span, "refused by the broker")
 			m.retryAt = time.Now().Add(s.r.config.MaxRefusalBackoff)
 			s.r.logger.Warn("broker refused a released outbox row; retrying the release", "event_id", msg.UUID, "returned", returned)
 			return nil
 		}
+		endPublish(span, "")
 		ids = append(ids, rec.ID)
 	}
 	if err := s.r.deleteReleased(ctx, ids, discarded); err != nil {

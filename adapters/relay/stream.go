@@ -10,6 +10,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	oteltrace "go.opentelemetry.io/otel/trace"
+
 	"github.com/outboxmill/outboxmill/internal/trace"
 	"github.com/outboxmill/outboxmill/middleware"
 )
@@ -70,6 +72,7 @@ type entry struct {
 	key      string
 	state    entryState
 	confirm  *amqp.DeferredConfirmation
+	span     oteltrace.Span // the publish in flight's span; nil when none is
 	sentAt   time.Time
 	refusals int
 	retryAt  time.Time
@@ -90,6 +93,15 @@ const (
 )
 
 func (e *entry) settled() bool { return e.state == confirmed || e.state == setAside }
+
+// endSpan ends the span of e's publish, if it has one: failed for a
+// non-empty failure.
+func (e *entry) endSpan(failure string) {
+	if e.span != nil {
+		endPublish(e.span, failure)
+		e.span = nil
+	}
+}
 
 // newStream starts a stream whose position, stored in the offsets table, is
 // pos, with the aggregates held behind set-aside rows as stored. Call close
@@ -113,6 +125,9 @@ func newStream(ctx context.Context, r *Outboxmill, l *lease, conn *amqp.Connecti
 // first storing error not yet reported by storeFailed.
 func (s *stream) close() error {
 	s.timer.Stop()
+	for _, e := range s.inflight {
+		e.endSpan("the relay stopped before the broker's confirm")
+	}
 	return s.writer.close()
 }
 
@@ -146,7 +161,9 @@ func (s *stream) run(ctx context.Context, batches <-chan batch, closed <-chan *a
 		case <-s.writer.stored:
 			// Markers waiting for held rows to be stored may be due.
 		case <-s.oldestDone():
-			s.settleConfirms()
+			if s.settleConfirms(); s.nackedByClose() {
+				return s.fail(errClosedAwaitingConfirms)
+			}
 		case <-s.timer.C:
 			s.timerAt = time.Time{}
 			if err := s.timeUp(); err != nil {
@@ -227,12 +244,16 @@ func (s *stream) dispatch(ctx context.Context) error {
 			continue
 		}
 		var err error
+		e.span = s.r.traces.start(e.topic, e.msg)
+		injectHeaders(e.span, &pub, s.frameMax)
 		e.sentAt = time.Now()
 		trace.Mark(trace.Published, e.msg.UUID) // before: a consumer may have it as soon as it is sent
 		e.confirm, err = s.ch.PublishWithDeferredConfirmWithContext(ctx, s.r.config.Exchange, e.topic,
 			s.r.config.RequireRoute(e.topic), false, pub)
 		if err != nil {
-			return s.fail(fmt.Errorf("publish event %s: %w", e.msg.UUID, err))
+			err = fmt.Errorf("publish event %s: %w", e.msg.UUID, err)
+			e.endSpan(err.Error())
+			return s.fail(err)
 		}
 		e.state = inFlight
 		s.inflight = append(s.inflight, e)
@@ -295,11 +316,14 @@ func (s *stream) settleConfirms() {
 		s.drainReturns()
 		switch reason, returned := s.returned[e.msg.UUID]; {
 		case !e.confirm.Acked():
+			e.endSpan("nacked by the broker")
 			s.refuse(e, RefusedNack, "nacked by the broker")
 		case returned:
 			delete(s.returned, e.msg.UUID)
+			e.endSpan("returned by the broker: " + reason)
 			s.refuse(e, RefusedReturn, "returned by the broker: "+reason)
 		default:
+			e.endSpan("")
 			e.state = confirmed
 			s.limit = min(s.limit+1, s.r.config.InFlight)
 			s.r.forget(e.pos)
@@ -422,6 +446,27 @@ func (s *stream) advance() error {
 	}
 }
 
+// errClosedAwaitingConfirms ends a stream whose channel closed with
+// publishes awaiting their confirms.
+var errClosedAwaitingConfirms = errors.New("broker channel closed while publishes awaited their confirms")
+
+// nackedByClose reports whether the oldest outstanding publish has its
+// confirm and settleConfirms left it: the client nacked it because the
+// channel closed, which is no refusal by the broker. Waiting on it again
+// would return at once, for ever; the stream ends instead, and the rows
+// from it on are published again from the stored position.
+func (s *stream) nackedByClose() bool {
+	if len(s.inflight) == 0 {
+		return false
+	}
+	select {
+	case <-s.inflight[0].confirm.Done():
+		return true
+	default:
+		return false
+	}
+}
+
 // oldestDone returns a channel closed when the oldest outstanding confirm
 // has come, or nil (never ready) when none is outstanding.
 func (s *stream) oldestDone() <-chan struct{} {
@@ -439,7 +484,9 @@ func (s *stream) flush(ctx context.Context) error {
 		if _, err := s.r.waitConfirm(ctx, e.confirm); err != nil {
 			return s.fail(err)
 		}
-		s.settleConfirms()
+		if s.settleConfirms(); s.nackedByClose() {
+			return s.fail(errClosedAwaitingConfirms)
+		}
 	}
 	return s.advance()
 }
@@ -461,6 +508,9 @@ func (s *stream) closed(err *amqp.Error) error {
 func (s *stream) fail(cause error) error {
 	if len(s.inflight) > 0 {
 		s.r.config.Metrics.PublishFailed(cause)
+	}
+	for _, e := range s.inflight {
+		e.endSpan(cause.Error())
 	}
 	s.inflight = nil
 	return errors.Join(cause, s.advance())

@@ -19,7 +19,8 @@
 // Handler answers unknown paths with a JSON 404 and wrong methods with a
 // JSON 405 and Allow. NewServer bounds a server: read, write and idle
 // timeouts, header size, and concurrent requests (503 overloaded with
-// Retry-After past the bound, /healthz excepted). Readiness runs its checks
+// Retry-After past the bound, /healthz excepted); it serves each request in
+// a server span (Trace), the child of the request's W3C traceparent. Readiness runs its checks
 // at most once per second, shares a run among concurrent requests, and tells
 // callers only ok or unavailable per check.
 package httpapi

@@ -9,6 +9,9 @@ import (
 	"runtime/debug"
 	"strconv"
 	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // API is a part of a service's HTTP API.
@@ -156,6 +159,10 @@ type ServerConfig struct {
 	// Logger receives the server's own errors (a connection it could not
 	// serve); default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider receives a server span per request (see Trace);
+	// default otel.GetTracerProvider(), which records nothing unless the
+	// process set a provider.
+	TracerProvider trace.TracerProvider
 }
 
 func (c *ServerConfig) setDefaults() {
@@ -185,6 +192,9 @@ func (c *ServerConfig) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
 	}
 }
 
@@ -220,14 +230,15 @@ func (c ServerConfig) Validate() error {
 }
 
 // NewServer returns the server of mux with c's timeouts and sizes, serving
-// Handler(mux), with Recover, behind the bound on concurrent requests.
+// Handler(mux), with Recover, behind the bound on concurrent requests, each
+// request in a server span (Trace).
 func NewServer(mux *http.ServeMux, c ServerConfig) (*http.Server, error) {
 	c.setDefaults()
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	return &http.Server{
-		Handler:           Limit(Recover(Handler(mux), c.Logger), c.MaxConcurrentRequests, c.RetryAfter),
+		Handler:           Trace(Limit(Recover(Handler(mux), c.Logger), c.MaxConcurrentRequests, c.RetryAfter), c.TracerProvider),
 		ReadHeaderTimeout: c.ReadHeaderTimeout,
 		ReadTimeout:       c.ReadTimeout,
 		WriteTimeout:      c.WriteTimeout,

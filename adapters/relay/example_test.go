@@ -1,0 +1,197 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jmoiron/sqlx"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/adapters/relay"
+	"github.com/outboxmill/outboxmill/domain"
+	"github.com/outboxmill/outboxmill/internal/testenv"
+)
+
+// ParcelShipped is the payload of the example's event type.
+type ParcelShipped struct {
+	Carrier string `json:"carrier"`
+}
+
+// A relay forwards committed outbox rows to the broker's exchange; here the
+// event reaches the queue bound to its type.
+func ExampleNew() {
+	db, drop := exampleDB()
+	defer drop()
+	url, ns := exampleBroker()
+	ctx := context.Background()
+
+	// The topology is declared before anything is published, so that the
+	// event waits in its consumer's queue.
+	exchange := ns + ".shipping.events"
+	top := rabbitmq.Topology{
+		Exchanges: []string{exchange},
+		Queues: []rabbitmq.Queue{{
+			Name:     ns + ".tracking",
+			Bindings: []rabbitmq.Binding{{Exchange: exchange, RoutingKey: "ParcelShipped.*"}},
+		}},
+	}
+	if err := rabbitmq.Declare(ctx, url, top); err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer exampleDeleteTopology(url, top)
+
+	box := outbox.ForModule("shipping")
+	exampleCommit(db, box, "parcel-1")
+
+	r, err := relay.New(db, relay.KindOutboxmill, relay.Config{
+		Outbox:       box,
+		AMQPURL:      url,
+		Exchange:     exchange,
+		RequireRoute: top.Router(exchange),
+		Logger:       slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	defer func() {
+		stop()
+		if err := errors.Join(r.Close(), <-done); err != nil && !errors.Is(err, context.Canceled) {
+			fmt.Println("relay:", err)
+		}
+	}()
+
+	d := exampleNextDelivery(url, ns+".tracking")
+	fmt.Println("routing key:", d.RoutingKey == outbox.RoutingKey("ParcelShipped", "parcel-1"))
+	fmt.Println("event type:", d.Headers[outbox.MetaEventType])
+	fmt.Println("persistent:", d.DeliveryMode == amqp.Persistent)
+	// Output:
+	// routing key: true
+	// event type: ParcelShipped
+	// persistent: true
+}
+
+// A row that is not a forwarder envelope can never be forwarded: both relay
+// kinds set it aside instead of blocking the rows behind it.
+func ExampleCheckEnvelope() {
+	err := relay.CheckEnvelope([]byte(`{"hello":"world"}`))
+	fmt.Println(errors.Is(err, relay.ErrNotEnvelope))
+	// Output:
+	// true
+}
+
+// exampleCommit commits the ParcelShipped event of parcel id to box, as
+// a unit of work would.
+func exampleCommit(db *sqlx.DB, box outbox.Config, id string) {
+	ctx := context.Background()
+	registry, err := domain.NewRegistry(domain.Declare[ParcelShipped]("ParcelShipped", 1))
+	if err != nil {
+		panic(err)
+	}
+	writer, err := outbox.NewWriter(box, registry, watermill.NopLogger{})
+	if err == nil {
+		err = outbox.Initialize(ctx, db, box)
+	}
+	if err != nil {
+		panic(err)
+	}
+	err = postgres.NewUnitOfWork(db, writer, nil).Do(ctx, func(context.Context, postgres.Tx) ([]domain.Event, error) {
+		return []domain.Event{{
+			ID: domain.NewEventID(), Type: "ParcelShipped", SchemaVersion: 1,
+			AggregateType: "Parcel", AggregateID: id, AggregateVersion: 1,
+			OccurredAt: time.Now().UTC(), Payload: ParcelShipped{Carrier: "owl post"},
+		}}, nil
+	})
+	if err != nil {
+		panic(err)
+	}
+}
+
+// exampleNextDelivery waits, for a minute at most, for a message in queue and takes
+// it.
+func exampleNextDelivery(url, queue string) amqp.Delivery {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := rabbitmq.Dial(ctx, url)
+	if err != nil {
+		panic(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		panic(err)
+	}
+	defer ch.Close()
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			panic(err)
+		}
+		if ok {
+			return d
+		}
+		select {
+		case <-ctx.Done():
+			panic(fmt.Sprintf("no message in %s after a minute", queue))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// exampleBroker returns the local broker's URL and a namespace of the
+// example's own.
+func exampleBroker() (url, namespace string) {
+	return testenv.FromEnvironment().AMQPURL, testenv.UniqueName("example")
+}
+
+// exampleDeleteTopology deletes t's queues and exchanges.
+func exampleDeleteTopology(url string, t rabbitmq.Topology) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := rabbitmq.Delete(ctx, url, t); err != nil {
+		fmt.Println("delete topology:", err)
+	}
+}
+
+// exampleDB creates a database for one example, with the framework's
+// tables, and returns a pool of at most two connections on it and a
+// function that closes the pool and drops the database.
+func exampleDB() (*sqlx.DB, func()) {
+	env := testenv.FromEnvironment()
+	name := testenv.UniqueName("obm_example_")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := env.CreateDatabase(ctx, name); err != nil {
+		panic(err)
+	}
+	drop := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := env.DropDatabase(ctx, name); err != nil {
+			fmt.Println("drop example database:", err)
+		}
+	}
+	db, err := postgres.Open(ctx, env.DatabaseURL(name), 2)
+	if err == nil {
+		err = postgres.MigrateFramework(ctx, db)
+	}
+	if err != nil {
+		drop()
+		panic(err)
+	}
+	return db, func() {
+		_ = db.Close()
+		drop()
+	}
+}
