@@ -7,14 +7,27 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/outboxmill/outboxmill/modules"
 )
 
 const modulePath = "github.com/outboxmill/outboxmill"
 
+// sampleModules are the names of the application's modules, the samples
+// and any the scaffold registered (modules.All).
+var sampleModules = func() []string {
+	var names []string
+	for _, m := range modules.All() {
+		names = append(names, m.Name)
+	}
+	return names
+}()
+
 // samplePackage reports whether the package at rel (relative to the module)
-// belongs to a sample module: a folder named after one (orders, settlement)
-// in domain/, app/, adapters/, handlers/ or modules/, the modules/ list
-// itself, or anything under examples/.
+// belongs to a sample module: a folder named after one of modules.All()
+// (orders, settlement, and what the scaffold added) in domain/, app/,
+// adapters/, handlers/ or modules/, the modules/ list itself, or anything
+// under examples/.
 func samplePackage(rel string) bool {
 	parts := strings.Split(rel, "/")
 	switch parts[0] {
@@ -23,14 +36,15 @@ func samplePackage(rel string) bool {
 	case "modules":
 		return true
 	case "domain", "app", "adapters", "handlers":
-		return len(parts) > 1 && slices.Contains([]string{"orders", "settlement"}, parts[1])
+		return len(parts) > 1 && slices.Contains(sampleModules, parts[1])
 	}
 	return false
 }
 
 // frameworkPackage reports whether the package at rel is part of the
 // framework's public API: the roots of domain/ and app/, adapters/ and
-// handlers/ except the samples' folders, middleware/, consumer/, module/.
+// handlers/ except the samples' folders, middleware/, consumer/, module/,
+// outboxctl/ and the test kit, outboxtest/.
 // Commands, internal tools and tests are neither framework nor sample.
 func frameworkPackage(rel string) bool {
 	if samplePackage(rel) {
@@ -38,7 +52,7 @@ func frameworkPackage(rel string) bool {
 	}
 	top, _, _ := strings.Cut(rel, "/")
 	switch top {
-	case "domain", "app", "adapters", "handlers", "middleware", "consumer", "module", "outboxctl":
+	case "domain", "app", "adapters", "handlers", "middleware", "consumer", "module", "outboxctl", "outboxtest":
 		return true
 	}
 	return false
@@ -123,6 +137,7 @@ func TestLayout_Classification(t *testing.T) {
 		"adapters/postgres": "framework", "adapters/settlement": "sample", "handlers/httpapi": "framework",
 		"handlers/orders": "sample", "middleware": "framework", "consumer": "framework", "module": "framework",
 		"outboxctl": "framework", "modules/orders": "sample", "examples/notifications": "sample", "cmd/monolith": "neither", "internal/stack": "neither",
+		"outboxtest": "framework", "outboxtest/relaytest": "framework", "internal/scaffold": "neither",
 	} {
 		got := "neither"
 		if frameworkPackage(rel) {

@@ -22,6 +22,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/internal/stack"
+	"github.com/outboxmill/outboxmill/internal/tcpproxy"
 	"github.com/outboxmill/outboxmill/internal/testdb"
 	"github.com/outboxmill/outboxmill/middleware"
 )
@@ -513,7 +514,7 @@ func TestBatchConsumer_TransientFailureReturnsMessagesInOrder(t *testing.T) {
 func TestBatchConsumer_SurvivesLostBrokerConnections(t *testing.T) {
 	t.Parallel()
 	f := newBatchFixture(t, 2)
-	proxy, proxied, err := stack.ProxyFor(amqpURL())
+	proxy, proxied, err := tcpproxy.For(amqpURL())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,14 +9,14 @@ import (
 	"github.com/outboxmill/outboxmill/domain/orders"
 
 	"github.com/outboxmill/outboxmill/domain"
-	"github.com/outboxmill/outboxmill/internal/stack"
+	"github.com/outboxmill/outboxmill/internal/tcpproxy"
 )
 
 func TestOutboxmill_ResumesAfterBrokerOutage(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	d := f.bindQueue("#")
-	proxy, proxied, err := stack.ProxyFor(f.env.AMQPURL)
+	proxy, proxied, err := tcpproxy.For(f.env.AMQPURL)
 	if err != nil {
 		t.Fatal(err)
 	}

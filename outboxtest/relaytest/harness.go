@@ -20,7 +20,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/domain"
-	"github.com/outboxmill/outboxmill/internal/stack"
+	"github.com/outboxmill/outboxmill/internal/tcpproxy"
 	"github.com/outboxmill/outboxmill/internal/testenv"
 )
 
@@ -154,8 +154,8 @@ type instance struct {
 	t        *testing.T
 	name     string
 	relay    relay.Relay
-	database *stack.Proxy
-	broker   *stack.Proxy
+	database *tcpproxy.Proxy
+	broker   *tcpproxy.Proxy
 	cancel   context.CancelFunc
 	done     chan error
 	stopped  bool
@@ -168,12 +168,12 @@ func (h *harness) start(kind Kind) *instance {
 	t := h.t
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	defer cancel()
-	database, dbURL, err := stack.ProxyFor(h.dbURL)
+	database, dbURL, err := tcpproxy.For(h.dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = database.Close() })
-	broker, amqpURL, err := stack.ProxyFor(h.testEnv.AMQPURL)
+	broker, amqpURL, err := tcpproxy.For(h.testEnv.AMQPURL)
 	if err != nil {
 		t.Fatal(err)
 	}

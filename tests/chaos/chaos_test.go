@@ -17,6 +17,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/internal/stack"
+	"github.com/outboxmill/outboxmill/internal/tcpproxy"
 )
 
 // Scenarios that hold a transaction open, directly or through the relay,
@@ -127,7 +128,7 @@ func (sc *scenario) killSettlementMidBatch(tr *traffic, backlog int) time.Time {
 }
 
 func TestChaos_BrokerDown(t *testing.T) {
-	proxy, proxied, err := stack.ProxyFor(stack.EnvFromEnvironment().AMQPURL)
+	proxy, proxied, err := tcpproxy.For(stack.EnvFromEnvironment().AMQPURL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,6 @@
-package stack
+// Package tcpproxy is a TCP proxy a test puts between its clients and a
+// shared server, to inject an outage on those connections alone.
+package tcpproxy
 
 import (
 	"errors"
@@ -28,8 +30,8 @@ type Proxy struct {
 	wg sync.WaitGroup
 }
 
-// ProxyStats counts what a proxy did.
-type ProxyStats struct {
+// Stats counts what a proxy did.
+type Stats struct {
 	// Accepted is the number of connections proxied.
 	Accepted int
 	// Refused is the number of connections refused while down.
@@ -38,9 +40,9 @@ type ProxyStats struct {
 	Open int
 }
 
-// NewProxy listens on a free local port and forwards each connection to
+// New listens on a free local port and forwards each connection to
 // target (host:port).
-func NewProxy(target string) (*Proxy, error) {
+func New(target string) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("proxy: listen: %w", err)
@@ -54,10 +56,10 @@ func NewProxy(target string) (*Proxy, error) {
 // Addr returns the proxy's listening address.
 func (p *Proxy) Addr() string { return p.listener.Addr().String() }
 
-// ProxyFor starts a proxy in front of the server rawURL (an amqp:// or
+// For starts a proxy in front of the server rawURL (an amqp:// or
 // postgres:// URL, or any URL with a host) points at, and returns it with
 // rawURL rewritten to go through it.
-func ProxyFor(rawURL string) (*Proxy, string, error) {
+func For(rawURL string) (*Proxy, string, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, "", fmt.Errorf("proxy for %q: %w", rawURL, err)
@@ -70,7 +72,7 @@ func ProxyFor(rawURL string) (*Proxy, string, error) {
 		}
 		target = net.JoinHostPort(u.Hostname(), port)
 	}
-	p, err := NewProxy(target)
+	p, err := New(target)
 	if err != nil {
 		return nil, "", err
 	}
@@ -103,10 +105,10 @@ func (p *Proxy) Up() {
 }
 
 // Stats returns the proxy's counters.
-func (p *Proxy) Stats() ProxyStats {
+func (p *Proxy) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return ProxyStats{Accepted: p.accepted, Refused: p.refused, Open: len(p.conns)}
+	return Stats{Accepted: p.accepted, Refused: p.refused, Open: len(p.conns)}
 }
 
 // Close stops listening, closes every connection and waits for the proxy's
