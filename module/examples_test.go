@@ -285,3 +285,32 @@ func exampleDatabase() (string, func()) {
 		}
 	}
 }
+
+// ExampleMigrate sets up a module set ahead of its processes, as the
+// migrate command does: migrations, outboxes and the broker topology. It
+// runs no relay, so a pool of one connection is enough.
+func ExampleMigrate() {
+	url, drop := exampleDatabase()
+	defer drop()
+	amqpURL, ns := exampleBroker()
+	set := module.Set{exampleHelpdesk(), exampleDashboard()}
+	defer exampleDeleteTopology(set, amqpURL, ns)
+
+	ctx := context.Background()
+	err := module.Migrate(ctx, set, module.Config{
+		Run: []string{"helpdesk", "dashboard"}, DatabaseURL: url, AMQPURL: amqpURL, Namespace: ns, MaxDBConns: 1,
+	}, "")
+	fmt.Println("migrated:", err)
+
+	db, err := postgres.Open(ctx, url, 1)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer db.Close()
+	initialized, err := outbox.Initialized(ctx, db, exampleHelpdesk().Outbox())
+	fmt.Println("outbox created:", initialized, err)
+	// Output:
+	// migrated: <nil>
+	// outbox created: true <nil>
+}

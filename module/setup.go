@@ -28,6 +28,10 @@ import (
 // (BrokerPermissions).
 func Migrate(ctx context.Context, set Set, config Config, grantTo string) error {
 	config.setDefaults()
+	// Migrate runs no relay, and opens pools of its own: the connections
+	// a relay holds do not bound MaxDBConns here.
+	noRelay := false
+	config.Relay = &noRelay
 	if err := config.Validate(set); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
