@@ -3,11 +3,14 @@ package relay_test
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/outboxmill/outboxmill/domain/orders"
 
+	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/internal/tcpproxy"
 )
@@ -68,5 +71,69 @@ func TestOutboxmill_ResumesAfterBrokerOutage(t *testing.T) {
 		case <-deadline:
 			t.Fatalf("%d of %d events delivered a minute after the broker came back", len(seen), n)
 		}
+	}
+}
+
+// TestOutboxmill_ClosedAwaitingConfirmsAsTheBrokerDrops closes a relay
+// whose publishes await confirms that the network holds back, and only
+// once it is draining them drops the broker connection: the client nacks
+// the confirms still outstanding, which are no refusals by the broker, and
+// the drain must end there instead of waiting on them for ever.
+func TestOutboxmill_ClosedAwaitingConfirmsAsTheBrokerDrops(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	d := f.bindQueue("#")
+	proxy, proxied, err := tcpproxy.For(f.env.AMQPURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	cfg := f.config()
+	cfg.AMQPURL = proxied
+	r, err := relay.NewOutboxmill(f.db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+
+	f.commit("before-hold", 1)
+	receive(t, d, 1, time.Minute)
+	// The broker still gets the publishes and routes them; their confirms
+	// do not come back.
+	proxy.Hold()
+	const n = 5
+	for i := range n {
+		f.commit(fmt.Sprintf("held-%d", i), 1)
+	}
+	receive(t, d, n, time.Minute)
+
+	closed := make(chan error, 1)
+	go func() { closed <- r.Close() }()
+	waitFor(t, time.Minute, "the relay to drain its publishes awaiting confirms", func() bool {
+		return goroutineIn("relay.(*stream).flush")
+	})
+	proxy.Down()
+	select {
+	case err := <-done:
+		t.Logf("Run returned: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not return within a minute of Close and the broker connection's drop")
+	}
+	if err := <-closed; err != nil {
+		t.Logf("Close returned: %v", err)
+	}
+}
+
+// goroutineIn reports whether a goroutine of the process is in function fn
+// (a name as runtime stacks print it).
+func goroutineIn(fn string) bool {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Contains(string(buf[:n]), fn)
+		}
+		buf = make([]byte, 2*len(buf))
 	}
 }

@@ -21,6 +21,7 @@ type Proxy struct {
 	listener net.Listener
 
 	mu       sync.Mutex
+	held     chan struct{} // open while Hold holds the server's bytes back
 	down     bool
 	closed   bool
 	conns    map[net.Conn]net.Conn // client side -> server side (nil while dialing)
@@ -94,7 +95,38 @@ func (p *Proxy) Down() int {
 			_ = server.Close()
 		}
 	}
+	p.Release() // bytes held back have no connection to go to
 	return len(conns)
+}
+
+// Hold stops passing what the server sends to the clients (what the
+// clients send still reaches the server), as a network that loses one
+// direction would, until Release or Down.
+func (p *Proxy) Hold() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held == nil {
+		p.held = make(chan struct{})
+	}
+}
+
+// Release passes the server's bytes held back by Hold, and those after
+// them, again.
+func (p *Proxy) Release() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.held != nil {
+		close(p.held)
+		p.held = nil
+	}
+}
+
+// gate returns a channel that is closed when the server's bytes may pass:
+// nil while they may.
+func (p *Proxy) gate() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.held
 }
 
 // Up accepts connections again.
@@ -187,7 +219,27 @@ func (p *Proxy) serve(client net.Conn) {
 		done <- struct{}{}
 	}
 	go pipe(server, client)
-	go pipe(client, server)
+	go func() {
+		// From the server: through the gate Hold shuts.
+		buf := make([]byte, 32*1024)
+		for {
+			n, err := server.Read(buf)
+			if n > 0 {
+				if g := p.gate(); g != nil {
+					<-g
+				}
+				if _, werr := client.Write(buf[:n]); werr != nil {
+					err = werr
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		_ = client.Close()
+		_ = server.Close()
+		done <- struct{}{}
+	}()
 	<-done
 	<-done
 }
