@@ -481,12 +481,12 @@ func (c *Consumer) runAll(ctx context.Context, tx postgres.Tx, ds []decoded) ([]
 		if !cs.batch {
 			for _, d := range run {
 				dctx, span := c.traces.start(ctx, d.msg)
-				evs, err := cs.run(dctx, tx, []outbox.Envelope{d.env}, []any{d.payload})
+				evs, err := endingSpans([]trace.Span{span}, func() ([]domain.Event, error) {
+					return cs.run(dctx, tx, []outbox.Envelope{d.env}, []any{d.payload})
+				})
 				if err != nil {
-					end(span, ResultFailed, err)
 					return nil, err
 				}
-				end(span, ResultOK, nil)
 				out = append(out, raised{ctx: dctx, events: evs})
 			}
 			continue
@@ -497,20 +497,38 @@ func (c *Consumer) runAll(ctx context.Context, tx postgres.Tx, ds []decoded) ([]
 			envs[i], payloads[i] = d.env, d.payload
 			_, spans[i] = c.traces.start(ctx, d.msg)
 		}
-		evs, err := cs.run(ctx, tx, envs, payloads)
-		result := ResultOK
-		if err != nil {
-			result = ResultFailed
-		}
-		for _, span := range spans {
-			end(span, result, err)
-		}
+		evs, err := endingSpans(spans, func() ([]domain.Event, error) { return cs.run(ctx, tx, envs, payloads) })
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, raised{ctx: ctx, events: evs})
 	}
 	return out, nil
+}
+
+// errHandlerPanicked ends the spans of a handler call that panicked.
+var errHandlerPanicked = errors.New("handler panicked")
+
+// endingSpans calls fn and ends spans with its result: failed with its
+// error, or with errHandlerPanicked when it panics (the panic goes on up to
+// the chain's recovery), ok otherwise.
+func endingSpans(spans []trace.Span, fn func() ([]domain.Event, error)) (evs []domain.Event, err error) {
+	returned := false
+	defer func() {
+		result, cause := ResultOK, err
+		switch {
+		case !returned:
+			result, cause = ResultFailed, errHandlerPanicked
+		case err != nil:
+			result = ResultFailed
+		}
+		for _, span := range spans {
+			end(span, result, cause)
+		}
+	}()
+	evs, err = fn()
+	returned = true
+	return evs, err
 }
 
 // writeRaised writes the events of rs to the outbox through exec, each

@@ -1,6 +1,7 @@
 package consumer_test
 
 import (
+	"context"
 	"testing"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -9,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/consumer"
 	"github.com/outboxmill/outboxmill/domain"
 )
@@ -120,4 +122,73 @@ func spanAttr(s sdktrace.ReadOnlySpan, key attribute.Key) string {
 		}
 	}
 	return ""
+}
+
+// TestConsumer_TraceSpanOfAPanic: the span of a handler call that panics
+// ends, failed, on both the one-at-a-time path and an OnBatch call, so the
+// attempt shows in its trace; the chain's recovery still sets the event
+// aside.
+func TestConsumer_TraceSpanOfAPanic(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(map[bool]string{false: "On", true: "OnBatch"}[batch], func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			rec := tracetest.NewSpanRecorder()
+			one := func(ctx context.Context, tx postgres.Tx, ev consumer.Event[AccountOpened]) ([]domain.Event, error) {
+				if ev.Payload.Owner == "panics" {
+					panic("the handler panics")
+				}
+				return nil, record(ctx, tx, handlerName, ev.ID, ev.Type, ev.SchemaVersion, ev.AggregateType, ev.AggregateID, ev.AggregateVersion, 0, "", "")
+			}
+			c := consumer.On(one)
+			if batch {
+				c = consumer.OnBatch(func(ctx context.Context, tx postgres.Tx, evs []consumer.Event[AccountOpened]) ([]domain.Event, error) {
+					for _, ev := range evs {
+						if _, err := one(ctx, tx, ev); err != nil {
+							return nil, err
+						}
+					}
+					return nil, nil
+				})
+			}
+			s := spec{kind: consumer.KindBatch, cases: []consumer.Case{c}}
+			h := f.handler(&s)
+			types, err := h.EventTypes(f.reg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := f.config(s, f.declare(s.name, s.lanes, types))
+			cfg.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+			cons, err := consumer.New(h, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.run(cons, s.kind)
+
+			panics := accountEvent(newAccountID(), 1)
+			panics.Payload = AccountOpened{Owner: "panics"}
+			f.publish(panics)
+			f.waitSetAside(panics.ID)
+			// Every span started for the event ends: the panicking call's
+			// (on the batch path first) and those of its retries.
+			var spans []sdktrace.ReadOnlySpan
+			eventually(t, timeout, func() bool {
+				spans = spans[:0]
+				for _, s := range rec.Started() {
+					if s.Name() == consumer.SpanName(handlerName) && spanAttr(s, outbox.AttrEventID) == panics.ID {
+						if s.EndTime().IsZero() {
+							return false
+						}
+						spans = append(spans, s)
+					}
+				}
+				return len(spans) > 0
+			}, "every span started for %s to end", panics.ID)
+			for _, s := range spans {
+				if got := spanAttr(s, outbox.AttrResult); got != consumer.ResultFailed {
+					t.Errorf("span of the panicking call: result %q, want %q", got, consumer.ResultFailed)
+				}
+			}
+		})
+	}
 }

@@ -214,8 +214,15 @@ func (h *harness) start(kind Kind) *instance {
 func (in *instance) stop() {
 	in.t.Helper()
 	in.stopped = true
-	if err := in.relay.Close(); err != nil {
-		in.t.Errorf("close relay %s: %v", in.name, err)
+	closed := make(chan error, 1)
+	go func() { closed <- in.relay.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			in.t.Errorf("close relay %s: %v", in.name, err)
+		}
+	case <-time.After(waitTimeout):
+		in.t.Errorf("relay %s: Close did not return within %s", in.name, waitTimeout)
 	}
 	select {
 	case err := <-in.done:

@@ -200,7 +200,7 @@ func testStoppedAbruptly(t *testing.T, k Kind) {
 	done := h.producer.stream(2*at, aggregates(streamAggregates))
 	h.waitForDeliveries(at)
 	first.kill()
-	h.expectMidStream("killed")
+	h.expectMidStream("killed", done)
 	h.start(k)
 	waitStream(t, done)
 	h.expectResentAtMost(k.Features.MaxResent, "after a crash")
@@ -214,10 +214,16 @@ func (h *harness) waitForDeliveries(n int) {
 	})
 }
 
-// expectMidStream fails t unless some committed events are not delivered
-// yet: the fault just injected came in the middle of the stream.
-func (h *harness) expectMidStream(fault string) {
+// expectMidStream fails t unless the fault just injected came in the middle
+// of the stream: the producer (done closes when it has committed all) is
+// still committing, or some committed events are not delivered yet.
+func (h *harness) expectMidStream(fault string, done <-chan struct{}) {
 	h.t.Helper()
+	select {
+	case <-done:
+	default:
+		return
+	}
 	events := h.producer.events()
 	if n := h.delivered(events); n == len(events) {
 		h.t.Fatalf("relay %s after every committed event (%d) was delivered: not mid-stream", fault, n)
@@ -255,7 +261,7 @@ func testTwoRelays(t *testing.T, k Kind) {
 		}
 	}
 	first.kill()
-	h.expectMidStream("killed")
+	h.expectMidStream("killed", done)
 	waitStream(t, done)
 	h.expectResentAtMost(k.Features.MaxResent, "after the first of two relays died")
 }
@@ -271,7 +277,7 @@ func testBrokerCut(t *testing.T, k Kind) {
 	done := h.producer.stream(2*at, aggregates(streamAggregates))
 	h.waitForDeliveries(at)
 	in.cutBroker()
-	h.expectMidStream("cut from the broker")
+	h.expectMidStream("cut from the broker", done)
 	waitStream(t, done)
 	h.expectResentAtMost(k.Features.MaxResent, "after the broker connection was cut")
 }
@@ -342,11 +348,11 @@ func testHandover(t *testing.T, k Kind) {
 			done := h.producer.stream(2*at, aggregates(streamAggregates))
 			h.waitForDeliveries(at)
 			in.stop()
-			h.expectMidStream("stopped")
+			h.expectMidStream("stopped", done)
 			in = h.start(peer)
 			h.waitForDeliveries(at + at/2)
 			in.stop()
-			h.expectMidStream("of the peer kind stopped")
+			h.expectMidStream("of the peer kind stopped", done)
 			h.start(k)
 			waitStream(t, done)
 			h.expectResentAtMost(bound, fmt.Sprintf("after switching to %s and back", peer.Name))
