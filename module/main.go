@@ -39,7 +39,7 @@ type Command struct {
 // -database-url (DATABASE_URL) and one -NAME-database-url (NAME_DATABASE_URL)
 // per module of the set, -amqp-url (AMQP_URL), -http-addr (HTTP_ADDR), the
 // HTTP server's bounds (-http-read-timeout, -http-write-timeout,
-// -http-idle-timeout, -http-max-requests), -namespace
+// -http-idle-timeout, -http-max-requests, -http-public-endpoint), -namespace
 // (OUTBOXMILL_NAMESPACE), -queue-type (QUEUE_TYPE), the relay's
 // (-relay, -relay-kind, -relay-notify, -relay-poll-interval, -relay-lease-timeout,
 // -stuck-after), the consumers' (-consumer, -batch, -prefetch,
@@ -153,6 +153,8 @@ func Main(c Command, args []string, stderr io.Writer) int {
 		cfg.HTTP.MaxConcurrentRequests = n
 		return err
 	})
+	fs.BoolVar(&cfg.HTTP.PublicEndpoint, "http-public-endpoint", envBool("HTTP_PUBLIC_ENDPOINT", false),
+		"callers outside the system reach the HTTP server: start a new trace per request, linked to the caller's, and drop its baggage (env HTTP_PUBLIC_ENDPOINT)")
 	fs.StringVar(&cfg.Namespace, "namespace", cli.Env("OUTBOXMILL_NAMESPACE", DefaultNamespace), "prefix of exchange and queue names (env OUTBOXMILL_NAMESPACE)")
 	fs.StringVar(&cfg.QueueType, "queue-type", cli.Env("QUEUE_TYPE", rabbitmq.QueueClassic), "type of the queues declared: classic or quorum (env QUEUE_TYPE)")
 	var runtimeRole *string

@@ -163,6 +163,11 @@ type ServerConfig struct {
 	// default otel.GetTracerProvider(), which records nothing unless the
 	// process set a provider.
 	TracerProvider trace.TracerProvider
+	// PublicEndpoint makes the server distrust its callers' trace
+	// context: each request starts a new trace, linked to the one it
+	// carries, and its baggage is dropped (TracePublic instead of Trace).
+	// Set it when callers outside the system reach the server directly.
+	PublicEndpoint bool
 }
 
 func (c *ServerConfig) setDefaults() {
@@ -231,14 +236,14 @@ func (c ServerConfig) Validate() error {
 
 // NewServer returns the server of mux with c's timeouts and sizes, serving
 // Handler(mux), with Recover, behind the bound on concurrent requests, each
-// request in a server span (Trace).
+// request in a server span (Trace, or TracePublic with PublicEndpoint).
 func NewServer(mux *http.ServeMux, c ServerConfig) (*http.Server, error) {
 	c.setDefaults()
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	return &http.Server{
-		Handler:           Trace(Limit(Recover(Handler(mux), c.Logger), c.MaxConcurrentRequests, c.RetryAfter), c.TracerProvider),
+		Handler:           traced(Limit(Recover(Handler(mux), c.Logger), c.MaxConcurrentRequests, c.RetryAfter), c.TracerProvider, c.PublicEndpoint),
 		ReadHeaderTimeout: c.ReadHeaderTimeout,
 		ReadTimeout:       c.ReadTimeout,
 		WriteTimeout:      c.WriteTimeout,

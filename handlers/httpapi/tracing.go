@@ -30,10 +30,33 @@ var propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceCont
 // A span that does not record (tp records nothing) costs a context and no
 // wrapping of the response.
 func Trace(h http.Handler, tp trace.TracerProvider) http.Handler {
+	return traced(h, tp, false)
+}
+
+// TracePublic is Trace for a server that callers outside the system reach
+// (ServerConfig.PublicEndpoint): their trace context is not trusted. Each
+// request's span is the root of a new trace, linked to the context the
+// request carries when it is valid, and the request's baggage is dropped;
+// so nothing a caller sends is stored with the events or passed on to
+// the handlers downstream.
+func TracePublic(h http.Handler, tp trace.TracerProvider) http.Handler {
+	return traced(h, tp, true)
+}
+
+func traced(h http.Handler, tp trace.TracerProvider, public bool) http.Handler {
 	tracer := tp.Tracer(TracerName)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		ctx, span := tracer.Start(ctx, r.Method, trace.WithSpanKind(trace.SpanKindServer))
+		ctx, opts := r.Context(), []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
+		if public {
+			remote := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(ctx, propagation.HeaderCarrier(r.Header)))
+			opts = append(opts, trace.WithNewRoot())
+			if remote.IsValid() {
+				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: remote}))
+			}
+		} else {
+			ctx = propagator.Extract(ctx, propagation.HeaderCarrier(r.Header))
+		}
+		ctx, span := tracer.Start(ctx, r.Method, opts...)
 		defer span.End()
 		r = r.WithContext(ctx)
 		if !span.IsRecording() {

@@ -5,10 +5,12 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/outboxmill/outboxmill/handlers/httpapi"
 )
@@ -63,5 +65,50 @@ func TestTrace(t *testing.T) {
 	}
 	if span := serve(http.MethodGet, "/nowhere", ""); span.Name() != "GET" {
 		t.Errorf("no route: span %q, want the method alone", span.Name())
+	}
+}
+
+// TestTracePublic: a public endpoint starts a new trace for each request,
+// linked to the context the caller sent, drops the caller's baggage, and,
+// with no tracer provider recording, hands the handler no span context at
+// all, so nothing the caller sent is stored with the events it commits.
+func TestTracePublic(t *testing.T) {
+	const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	var seen trace.SpanContext
+	var members int
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
+		seen = trace.SpanContextFromContext(r.Context())
+		members = baggage.FromContext(r.Context()).Len()
+		w.WriteHeader(http.StatusCreated)
+	})
+	serve := func(tp trace.TracerProvider) {
+		t.Helper()
+		srv, err := httpapi.NewServer(mux, httpapi.ServerConfig{TracerProvider: tp, PublicEndpoint: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := httptest.NewRequest(http.MethodPost, "/orders", nil)
+		req.Header.Set("traceparent", traceparent)
+		req.Header.Set("baggage", "user=mallory")
+		srv.Handler.ServeHTTP(httptest.NewRecorder(), req)
+	}
+
+	rec := tracetest.NewSpanRecorder()
+	serve(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
+	span := rec.Ended()[0]
+	if span.Parent().IsValid() || span.SpanContext().TraceID().String() == "4bf92f3577b34da6a3ce929d0e0e4736" {
+		t.Errorf("span %v with parent %v, want the root of a new trace", span.SpanContext(), span.Parent())
+	}
+	if links := span.Links(); len(links) != 1 || links[0].SpanContext.TraceID().String() != "4bf92f3577b34da6a3ce929d0e0e4736" {
+		t.Errorf("links %v, want one to the caller's context", links)
+	}
+	if members != 0 {
+		t.Errorf("the handler's context carries %d baggage members, want none", members)
+	}
+
+	serve(noop.NewTracerProvider())
+	if seen.IsValid() {
+		t.Errorf("with no provider recording, the handler's context carries %v, want no span context", seen)
 	}
 }
