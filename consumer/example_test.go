@@ -10,7 +10,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxmill/outboxmill/adapters/metrics"
@@ -19,7 +18,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/consumer"
 	"github.com/outboxmill/outboxmill/domain"
-	"github.com/outboxmill/outboxmill/internal/testenv"
+	"github.com/outboxmill/outboxmill/internal/exampleenv"
 )
 
 // TicketOpened and TicketClosed are the payloads of the examples' events,
@@ -112,9 +111,9 @@ func ExampleOnBatch() {
 // New runs a handler behind the whole safe chain: here the same event is
 // delivered twice and has one effect.
 func ExampleNew() {
-	db, drop := exampleDB()
+	db, drop := exampleenv.DB(`CREATE TABLE inbox (ticket_id text PRIMARY KEY, subject text NOT NULL)`)
 	defer drop()
-	url, ns := exampleBroker()
+	url, ns := exampleenv.Broker()
 	ctx := context.Background()
 
 	registry, err := domain.NewRegistry(exampleEvents...)
@@ -198,18 +197,7 @@ func exampleLanes(url, ns string, h consumer.Handler, registry *domain.Registry)
 		q.Bindings = append(q.Bindings, rabbitmq.Binding{Exchange: exchange, RoutingKey: t + ".*"})
 	}
 	top := rabbitmq.Topology{Exchanges: []string{exchange}, Queues: []rabbitmq.Queue{q}}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := rabbitmq.Declare(ctx, url, top); err != nil {
-		panic(err)
-	}
-	return exchange, []string{q.Name}, func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := rabbitmq.Delete(ctx, url, top); err != nil {
-			fmt.Println("delete topology:", err)
-		}
-	}
+	return exchange, []string{q.Name}, exampleenv.DeclareTopology(url, top)
 }
 
 // examplePublish publishes events to exchange as the relay does.
@@ -236,47 +224,5 @@ func exampleAwait[T any](c <-chan T, what string) {
 	case <-c:
 	case <-time.After(time.Minute):
 		panic("waited a minute for " + what)
-	}
-}
-
-// exampleBroker returns the local broker's URL and a namespace of the
-// example's own.
-func exampleBroker() (url, namespace string) {
-	return testenv.FromEnvironment().AMQPURL, testenv.UniqueName("example")
-}
-
-// exampleDB creates a database for one example, with the framework's tables
-// and the handler's table inbox, and returns a pool of at most two
-// connections on it and a function that closes the pool and drops the
-// database.
-func exampleDB() (*sqlx.DB, func()) {
-	env := testenv.FromEnvironment()
-	name := testenv.UniqueName("obm_example_")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := env.CreateDatabase(ctx, name); err != nil {
-		panic(err)
-	}
-	drop := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := env.DropDatabase(ctx, name); err != nil {
-			fmt.Println("drop example database:", err)
-		}
-	}
-	db, err := postgres.Open(ctx, env.DatabaseURL(name), 2)
-	if err == nil {
-		err = postgres.MigrateFramework(ctx, db)
-	}
-	if err == nil {
-		_, err = db.ExecContext(ctx, `CREATE TABLE inbox (ticket_id text PRIMARY KEY, subject text NOT NULL)`)
-	}
-	if err != nil {
-		drop()
-		panic(err)
-	}
-	return db, func() {
-		_ = db.Close()
-		drop()
 	}
 }

@@ -8,10 +8,9 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jmoiron/sqlx"
 
 	"github.com/outboxmill/outboxmill/adapters/postgres"
-	"github.com/outboxmill/outboxmill/internal/testenv"
+	"github.com/outboxmill/outboxmill/internal/exampleenv"
 	"github.com/outboxmill/outboxmill/middleware"
 )
 
@@ -87,7 +86,7 @@ func ExampleRecoverer() {
 // behind it keep flowing. Package consumer builds this chain for typed
 // handlers.
 func ExampleSetAside() {
-	db, drop := exampleDB()
+	db, drop := exampleenv.DB()
 	defer drop()
 	ctx := context.Background()
 	store := postgres.NewSetAsideStore(db)
@@ -123,36 +122,4 @@ func ExampleSetAside() {
 	// Output:
 	// acked: true
 	// event-1 3 failed after 3 attempts: ledger busy
-}
-
-// exampleDB creates a database for one example, with the framework's
-// tables, and returns a pool of at most two connections on it and a
-// function that closes the pool and drops the database.
-func exampleDB() (*sqlx.DB, func()) {
-	env := testenv.FromEnvironment()
-	name := testenv.UniqueName("obm_example_")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := env.CreateDatabase(ctx, name); err != nil {
-		panic(err)
-	}
-	drop := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := env.DropDatabase(ctx, name); err != nil {
-			fmt.Println("drop example database:", err)
-		}
-	}
-	db, err := postgres.Open(ctx, env.DatabaseURL(name), 2)
-	if err == nil {
-		err = postgres.MigrateFramework(ctx, db)
-	}
-	if err != nil {
-		drop()
-		panic(err)
-	}
-	return db, func() {
-		_ = db.Close()
-		drop()
-	}
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/outboxmill/outboxmill/consumer"
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/handlers/httpapi"
-	"github.com/outboxmill/outboxmill/internal/testenv"
+	"github.com/outboxmill/outboxmill/internal/exampleenv"
 	"github.com/outboxmill/outboxmill/module"
 )
 
@@ -128,9 +128,9 @@ func ExampleSet_Topology() {
 // records it. Running them as two processes takes two Configs whose Run name
 // one module each; the modules do not change.
 func ExampleNew() {
-	url, drop := exampleDatabase()
+	url, drop := exampleenv.Database()
 	defer drop()
-	amqpURL, ns := exampleBroker()
+	amqpURL, ns := exampleenv.Broker()
 	set := module.Set{exampleHelpdesk(), exampleDashboard()}
 	defer exampleDeleteTopology(set, amqpURL, ns)
 
@@ -179,9 +179,9 @@ func ExampleNew() {
 // the broker and exits, so that the services can run under roles that may
 // only read and write (-migrate=false).
 func ExampleMain() {
-	url, drop := exampleDatabase()
+	url, drop := exampleenv.Database()
 	defer drop()
-	amqpURL, ns := exampleBroker()
+	amqpURL, ns := exampleenv.Broker()
 	set := module.Set{exampleHelpdesk(), exampleDashboard()}
 	defer exampleDeleteTopology(set, amqpURL, ns)
 
@@ -254,45 +254,16 @@ func exampleDeleteTopology(set module.Set, url, ns string) {
 	if err != nil {
 		panic(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := rabbitmq.Delete(ctx, url, top); err != nil {
-		fmt.Println("delete topology:", err)
-	}
-}
-
-// exampleBroker returns the local broker's URL and a namespace of the
-// example's own.
-func exampleBroker() (url, namespace string) {
-	return testenv.FromEnvironment().AMQPURL, testenv.UniqueName("example")
-}
-
-// exampleDatabase creates an empty database on the local server and returns
-// its URL and a function that drops it.
-func exampleDatabase() (string, func()) {
-	env := testenv.FromEnvironment()
-	name := testenv.UniqueName("obm_example_")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := env.CreateDatabase(ctx, name); err != nil {
-		panic(err)
-	}
-	return env.DatabaseURL(name), func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := env.DropDatabase(ctx, name); err != nil {
-			fmt.Println("drop example database:", err)
-		}
-	}
+	exampleenv.DeleteTopology(url, top)
 }
 
 // ExampleMigrate sets up a module set ahead of its processes, as the
 // migrate command does: migrations, outboxes and the broker topology. It
 // runs no relay, so a pool of one connection is enough.
 func ExampleMigrate() {
-	url, drop := exampleDatabase()
+	url, drop := exampleenv.Database()
 	defer drop()
-	amqpURL, ns := exampleBroker()
+	amqpURL, ns := exampleenv.Broker()
 	set := module.Set{exampleHelpdesk(), exampleDashboard()}
 	defer exampleDeleteTopology(set, amqpURL, ns)
 

@@ -12,7 +12,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/consumer"
 	"github.com/outboxmill/outboxmill/domain"
-	"github.com/outboxmill/outboxmill/internal/testenv"
+	"github.com/outboxmill/outboxmill/internal/exampleenv"
 	"github.com/outboxmill/outboxmill/module"
 	"github.com/outboxmill/outboxmill/outboxctl"
 )
@@ -82,37 +82,27 @@ func ExampleMain_permissions() {
 // does). It returns the database's URL, the broker's, the namespace and a
 // function that deletes all of it.
 func exampleDeployment(set module.Set) (databaseURL, amqpURL, namespace string, cleanup func()) {
-	env := testenv.FromEnvironment()
-	name := testenv.UniqueName("obm_example_")
-	ns := testenv.UniqueName("example")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := env.CreateDatabase(ctx, name); err != nil {
-		panic(err)
-	}
+	databaseURL, drop := exampleenv.Database()
+	amqpURL, ns := exampleenv.Broker()
 	cleanup = func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
 		if top, err := set.Topology(module.Names{Namespace: ns}, rabbitmq.QueueClassic); err == nil {
-			if err := rabbitmq.Delete(ctx, env.AMQPURL, top); err != nil {
-				fmt.Println("delete topology:", err)
-			}
+			exampleenv.DeleteTopology(amqpURL, top)
 		}
-		if err := env.DropDatabase(ctx, name); err != nil {
-			fmt.Println("drop example database:", err)
-		}
+		drop()
 	}
 	var run []string
 	for _, m := range set {
 		run = append(run, m.Name)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	noRelay := false // migrating runs no relay, so two connections do
 	err := module.Migrate(ctx, set, module.Config{
-		Run: run, DatabaseURL: env.DatabaseURL(name), AMQPURL: env.AMQPURL, Namespace: ns, Relay: &noRelay, MaxDBConns: 2,
+		Run: run, DatabaseURL: databaseURL, AMQPURL: amqpURL, Namespace: ns, Relay: &noRelay, MaxDBConns: 2,
 	}, "")
 	if err != nil {
 		cleanup()
 		panic(err)
 	}
-	return env.DatabaseURL(name), env.AMQPURL, ns, cleanup
+	return databaseURL, amqpURL, ns, cleanup
 }

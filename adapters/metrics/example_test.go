@@ -1,7 +1,6 @@
 package metrics_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,17 +9,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxmill/outboxmill/adapters/metrics"
 	"github.com/outboxmill/outboxmill/adapters/outbox"
-	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/domain"
-	"github.com/outboxmill/outboxmill/internal/testenv"
+	"github.com/outboxmill/outboxmill/internal/exampleenv"
 	"github.com/outboxmill/outboxmill/middleware"
 )
 
@@ -87,7 +84,7 @@ func ExampleConsumer_Handler() {
 // Tables reads the outbox gauges from the database on each scrape, whether
 // or not a relay runs in the process; the API serves them on /metrics.
 func ExampleTables() {
-	db, drop := exampleDB()
+	db, drop := exampleenv.DB()
 	defer drop()
 	box := outbox.ForModule("helpdesk")
 	exampleCommit(db, box, 2)
@@ -150,18 +147,6 @@ func examplePrint(g prometheus.Gatherer, names ...string) {
 
 // exampleCommit commits n events to box, with no relay to forward them.
 func exampleCommit(db *sqlx.DB, box outbox.Config, n int) {
-	ctx := context.Background()
-	registry, err := domain.NewRegistry(domain.Declare[TicketOpened]("TicketOpened", 1))
-	if err != nil {
-		panic(err)
-	}
-	writer, err := outbox.NewWriter(box, registry, watermill.NopLogger{})
-	if err == nil {
-		err = outbox.Initialize(ctx, db, box)
-	}
-	if err != nil {
-		panic(err)
-	}
 	var events []domain.Event
 	for i := range n {
 		events = append(events, domain.Event{
@@ -170,41 +155,5 @@ func exampleCommit(db *sqlx.DB, box outbox.Config, n int) {
 			OccurredAt: time.Now().UTC(), Payload: TicketOpened{Subject: "printer on fire"},
 		})
 	}
-	if err := postgres.NewUnitOfWork(db, writer, nil).Do(ctx, func(context.Context, postgres.Tx) ([]domain.Event, error) {
-		return events, nil
-	}); err != nil {
-		panic(err)
-	}
-}
-
-// exampleDB creates a database for one example, with the framework's
-// tables, and returns a pool of at most two connections on it and a
-// function that closes the pool and drops the database.
-func exampleDB() (*sqlx.DB, func()) {
-	env := testenv.FromEnvironment()
-	name := testenv.UniqueName("obm_example_")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := env.CreateDatabase(ctx, name); err != nil {
-		panic(err)
-	}
-	drop := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := env.DropDatabase(ctx, name); err != nil {
-			fmt.Println("drop example database:", err)
-		}
-	}
-	db, err := postgres.Open(ctx, env.DatabaseURL(name), 2)
-	if err == nil {
-		err = postgres.MigrateFramework(ctx, db)
-	}
-	if err != nil {
-		drop()
-		panic(err)
-	}
-	return db, func() {
-		_ = db.Close()
-		drop()
-	}
+	exampleenv.Commit(db, box, []domain.EventType{domain.Declare[TicketOpened]("TicketOpened", 1)}, events...)
 }

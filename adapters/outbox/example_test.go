@@ -8,13 +8,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jmoiron/sqlx"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
-	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/domain"
-	"github.com/outboxmill/outboxmill/internal/testenv"
+	"github.com/outboxmill/outboxmill/internal/exampleenv"
 )
 
 // TicketOpened is the payload of the examples' event type.
@@ -36,7 +34,7 @@ func ExampleForModule() {
 // Writer is what a unit of work (postgres.UnitOfWork) calls; writing
 // through a transaction of one's own looks like this.
 func ExampleWriter_Write() {
-	db, drop := exampleDB()
+	db, drop := exampleenv.EmptyDB()
 	defer drop()
 	ctx := context.Background()
 
@@ -167,34 +165,5 @@ func exampleTicket(id, subject string) domain.Event {
 		AggregateVersion: 1,
 		OccurredAt:       time.Now().UTC(),
 		Payload:          TicketOpened{Subject: subject},
-	}
-}
-
-// exampleDB creates a database for one example and returns a pool of at
-// most two connections on it and a function that closes the pool and drops
-// the database.
-func exampleDB() (*sqlx.DB, func()) {
-	env := testenv.FromEnvironment()
-	name := testenv.UniqueName("obm_example_")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := env.CreateDatabase(ctx, name); err != nil {
-		panic(err)
-	}
-	drop := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := env.DropDatabase(ctx, name); err != nil {
-			fmt.Println("drop example database:", err)
-		}
-	}
-	db, err := postgres.Open(ctx, env.DatabaseURL(name), 2)
-	if err != nil {
-		drop()
-		panic(err)
-	}
-	return db, func() {
-		_ = db.Close()
-		drop()
 	}
 }

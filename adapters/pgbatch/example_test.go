@@ -4,20 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jmoiron/sqlx"
 
 	"github.com/outboxmill/outboxmill/adapters/pgbatch"
-	"github.com/outboxmill/outboxmill/adapters/postgres"
-	"github.com/outboxmill/outboxmill/internal/testenv"
+	"github.com/outboxmill/outboxmill/internal/exampleenv"
 )
 
 // A Tx queues statements and sends them, with BEGIN and COMMIT, in one
 // round trip: all of them take effect, or none.
 func ExampleTx_Commit() {
-	db, drop := exampleDB()
+	db, drop := exampleenv.EmptyDB(`CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL)`)
 	defer drop()
 	ctx := context.Background()
 
@@ -68,36 +65,4 @@ func ExampleTx_ExecContext() {
 	// Output:
 	// true
 	// true
-}
-
-// exampleDB creates a database for one example, with a table items, and
-// returns a pool of at most two connections on it and a function that
-// closes the pool and drops the database.
-func exampleDB() (*sqlx.DB, func()) {
-	env := testenv.FromEnvironment()
-	name := testenv.UniqueName("obm_example_")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := env.CreateDatabase(ctx, name); err != nil {
-		panic(err)
-	}
-	drop := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := env.DropDatabase(ctx, name); err != nil {
-			fmt.Println("drop example database:", err)
-		}
-	}
-	db, err := postgres.Open(ctx, env.DatabaseURL(name), 2)
-	if err == nil {
-		_, err = db.ExecContext(ctx, `CREATE TABLE items (id int PRIMARY KEY, name text NOT NULL)`)
-	}
-	if err != nil {
-		drop()
-		panic(err)
-	}
-	return db, func() {
-		_ = db.Close()
-		drop()
-	}
 }

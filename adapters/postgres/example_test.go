@@ -14,7 +14,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/domain"
-	"github.com/outboxmill/outboxmill/internal/testenv"
+	"github.com/outboxmill/outboxmill/internal/exampleenv"
 )
 
 // NoteAdded is the payload of the examples' one event type.
@@ -34,7 +34,7 @@ var noteMigrations = fstest.MapFS{
 }
 
 func ExampleOpen() {
-	url, drop := exampleDatabase()
+	url, drop := exampleenv.Database()
 	defer drop()
 	ctx := context.Background()
 
@@ -60,7 +60,7 @@ func ExampleOpen() {
 }
 
 func ExampleMigrate() {
-	db, drop := exampleEmptyDB()
+	db, drop := exampleenv.EmptyDB()
 	defer drop()
 	ctx := context.Background()
 
@@ -90,7 +90,7 @@ func ExampleMigrate() {
 }
 
 func ExampleMigrateFramework() {
-	db, drop := exampleEmptyDB()
+	db, drop := exampleenv.EmptyDB()
 	defer drop()
 	ctx := context.Background()
 
@@ -297,58 +297,14 @@ func exampleUnitOfWork(db *sqlx.DB) *postgres.UnitOfWork {
 	return postgres.NewUnitOfWork(db, writer, nil)
 }
 
-// exampleDB is exampleEmptyDB with the framework's tables and the notes
-// table.
+// exampleDB is exampleenv.DB with the notes module's migrations applied.
 func exampleDB() (*sqlx.DB, func()) {
-	db, drop := exampleEmptyDB()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	err := postgres.MigrateFramework(ctx, db)
-	if err == nil {
-		err = postgres.Migrate(ctx, db, "notes", noteMigrations)
-	}
-	if err != nil {
+	db, drop := exampleenv.DB()
+	if err := postgres.Migrate(context.Background(), db, "notes", noteMigrations); err != nil {
 		drop()
 		panic(err)
 	}
 	return db, drop
-}
-
-// exampleEmptyDB creates an empty database for one example and returns a
-// pool of at most two connections on it and a function that closes the pool
-// and drops the database.
-func exampleEmptyDB() (*sqlx.DB, func()) {
-	url, drop := exampleDatabase()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	db, err := postgres.Open(ctx, url, 2)
-	if err != nil {
-		drop()
-		panic(err)
-	}
-	return db, func() {
-		_ = db.Close()
-		drop()
-	}
-}
-
-// exampleDatabase creates an empty database on the local server and returns
-// its URL and a function that drops it.
-func exampleDatabase() (string, func()) {
-	env := testenv.FromEnvironment()
-	name := testenv.UniqueName("obm_example_")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := env.CreateDatabase(ctx, name); err != nil {
-		panic(err)
-	}
-	return env.DatabaseURL(name), func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := env.DropDatabase(ctx, name); err != nil {
-			fmt.Println("drop example database:", err)
-		}
-	}
 }
 
 // exampleCount runs a query returning one number.

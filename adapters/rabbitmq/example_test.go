@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
-	"github.com/outboxmill/outboxmill/internal/testenv"
+	"github.com/outboxmill/outboxmill/internal/exampleenv"
 )
 
 // A topology names the exchanges events are published to and the queues
@@ -47,7 +47,7 @@ func ExampleTopology_Routes() {
 // event no queue is bound to is kept in the unroutable queue instead of
 // being dropped.
 func ExampleDeclare() {
-	url, ns := exampleBroker()
+	url, ns := exampleenv.Broker()
 	ctx := context.Background()
 
 	exchange := ns + ".billing.events"
@@ -94,10 +94,4 @@ func ExampleDeclare() {
 	// Output:
 	// ledger: 1 unroutable: 1
 	// declared: <nil>
-}
-
-// exampleBroker returns the local broker's URL and a namespace of the
-// example's own.
-func exampleBroker() (url, namespace string) {
-	return testenv.FromEnvironment().AMQPURL, testenv.UniqueName("example")
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
@@ -14,7 +13,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/reconcile"
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/domain"
-	"github.com/outboxmill/outboxmill/internal/testenv"
+	"github.com/outboxmill/outboxmill/internal/exampleenv"
 )
 
 // TicketOpened is the payload of the examples' event type.
@@ -28,7 +27,7 @@ const exampleHandler = "dashboard.opened"
 // of two committed events the handler has one, and the other is missing,
 // still in the outbox because no relay has forwarded it.
 func ExampleRun() {
-	db, drop := exampleDB() // here producer and consumer share one database
+	db, drop := exampleenv.DB() // here producer and consumer share one database
 	defer drop()
 	ctx := context.Background()
 	box := outbox.ForModule("helpdesk")
@@ -63,7 +62,7 @@ func ExampleRun() {
 // FindUnknown goes the other way: an event the handler processed that no
 // outbox committed was forged or published by hand.
 func ExampleFindUnknown() {
-	db, drop := exampleDB()
+	db, drop := exampleenv.DB()
 	defer drop()
 	ctx := context.Background()
 	box := outbox.ForModule("helpdesk")
@@ -99,23 +98,7 @@ func exampleTicket(id string) domain.Event {
 
 // exampleCommit commits events to box, as a unit of work does.
 func exampleCommit(db *sqlx.DB, box outbox.Config, events ...domain.Event) {
-	ctx := context.Background()
-	registry, err := domain.NewRegistry(domain.Declare[TicketOpened]("TicketOpened", 1))
-	if err != nil {
-		panic(err)
-	}
-	writer, err := outbox.NewWriter(box, registry, watermill.NopLogger{})
-	if err == nil {
-		err = outbox.Initialize(ctx, db, box)
-	}
-	if err == nil {
-		err = postgres.NewUnitOfWork(db, writer, nil).Do(ctx, func(context.Context, postgres.Tx) ([]domain.Event, error) {
-			return events, nil
-		})
-	}
-	if err != nil {
-		panic(err)
-	}
+	exampleenv.Commit(db, box, []domain.EventType{domain.Declare[TicketOpened]("TicketOpened", 1)}, events...)
 }
 
 // exampleProcess records events as processed by the handler, as its dedup does
@@ -132,37 +115,5 @@ func exampleProcess(db *sqlx.DB, events ...domain.Event) {
 		if err != nil {
 			panic(err)
 		}
-	}
-}
-
-// exampleDB creates a database for one example, with the framework's
-// tables, and returns a pool of at most two connections on it and a
-// function that closes the pool and drops the database.
-func exampleDB() (*sqlx.DB, func()) {
-	env := testenv.FromEnvironment()
-	name := testenv.UniqueName("obm_example_")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := env.CreateDatabase(ctx, name); err != nil {
-		panic(err)
-	}
-	drop := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := env.DropDatabase(ctx, name); err != nil {
-			fmt.Println("drop example database:", err)
-		}
-	}
-	db, err := postgres.Open(ctx, env.DatabaseURL(name), 2)
-	if err == nil {
-		err = postgres.MigrateFramework(ctx, db)
-	}
-	if err != nil {
-		drop()
-		panic(err)
-	}
-	return db, func() {
-		_ = db.Close()
-		drop()
 	}
 }

@@ -7,16 +7,14 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
-	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/domain"
-	"github.com/outboxmill/outboxmill/internal/testenv"
+	"github.com/outboxmill/outboxmill/internal/exampleenv"
 )
 
 // ParcelShipped is the payload of the example's event type.
@@ -27,9 +25,9 @@ type ParcelShipped struct {
 // A relay forwards committed outbox rows to the broker's exchange; here the
 // event reaches the queue bound to its type.
 func ExampleNew() {
-	db, drop := exampleDB()
+	db, drop := exampleenv.DB()
 	defer drop()
-	url, ns := exampleBroker()
+	url, ns := exampleenv.Broker()
 	ctx := context.Background()
 
 	// The topology is declared before anything is published, so that the
@@ -46,7 +44,7 @@ func ExampleNew() {
 		fmt.Println(err)
 		return
 	}
-	defer exampleDeleteTopology(url, top)
+	defer exampleenv.DeleteTopology(url, top)
 
 	box := outbox.ForModule("shipping")
 	exampleCommit(db, box, "parcel-1")
@@ -94,28 +92,11 @@ func ExampleCheckEnvelope() {
 // exampleCommit commits the ParcelShipped event of parcel id to box, as
 // a unit of work would.
 func exampleCommit(db *sqlx.DB, box outbox.Config, id string) {
-	ctx := context.Background()
-	registry, err := domain.NewRegistry(domain.Declare[ParcelShipped]("ParcelShipped", 1))
-	if err != nil {
-		panic(err)
-	}
-	writer, err := outbox.NewWriter(box, registry, watermill.NopLogger{})
-	if err == nil {
-		err = outbox.Initialize(ctx, db, box)
-	}
-	if err != nil {
-		panic(err)
-	}
-	err = postgres.NewUnitOfWork(db, writer, nil).Do(ctx, func(context.Context, postgres.Tx) ([]domain.Event, error) {
-		return []domain.Event{{
-			ID: domain.NewEventID(), Type: "ParcelShipped", SchemaVersion: 1,
-			AggregateType: "Parcel", AggregateID: id, AggregateVersion: 1,
-			OccurredAt: time.Now().UTC(), Payload: ParcelShipped{Carrier: "owl post"},
-		}}, nil
+	exampleenv.Commit(db, box, []domain.EventType{domain.Declare[ParcelShipped]("ParcelShipped", 1)}, domain.Event{
+		ID: domain.NewEventID(), Type: "ParcelShipped", SchemaVersion: 1,
+		AggregateType: "Parcel", AggregateID: id, AggregateVersion: 1,
+		OccurredAt: time.Now().UTC(), Payload: ParcelShipped{Carrier: "owl post"},
 	})
-	if err != nil {
-		panic(err)
-	}
 }
 
 // exampleNextDelivery waits, for a minute at most, for a message in queue and takes
@@ -146,52 +127,5 @@ func exampleNextDelivery(url, queue string) amqp.Delivery {
 			panic(fmt.Sprintf("no message in %s after a minute", queue))
 		case <-time.After(20 * time.Millisecond):
 		}
-	}
-}
-
-// exampleBroker returns the local broker's URL and a namespace of the
-// example's own.
-func exampleBroker() (url, namespace string) {
-	return testenv.FromEnvironment().AMQPURL, testenv.UniqueName("example")
-}
-
-// exampleDeleteTopology deletes t's queues and exchanges.
-func exampleDeleteTopology(url string, t rabbitmq.Topology) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := rabbitmq.Delete(ctx, url, t); err != nil {
-		fmt.Println("delete topology:", err)
-	}
-}
-
-// exampleDB creates a database for one example, with the framework's
-// tables, and returns a pool of at most two connections on it and a
-// function that closes the pool and drops the database.
-func exampleDB() (*sqlx.DB, func()) {
-	env := testenv.FromEnvironment()
-	name := testenv.UniqueName("obm_example_")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := env.CreateDatabase(ctx, name); err != nil {
-		panic(err)
-	}
-	drop := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := env.DropDatabase(ctx, name); err != nil {
-			fmt.Println("drop example database:", err)
-		}
-	}
-	db, err := postgres.Open(ctx, env.DatabaseURL(name), 2)
-	if err == nil {
-		err = postgres.MigrateFramework(ctx, db)
-	}
-	if err != nil {
-		drop()
-		panic(err)
-	}
-	return db, func() {
-		_ = db.Close()
-		drop()
 	}
 }

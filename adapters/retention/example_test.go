@@ -5,14 +5,12 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
-	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/adapters/retention"
 	"github.com/outboxmill/outboxmill/domain"
-	"github.com/outboxmill/outboxmill/internal/testenv"
+	"github.com/outboxmill/outboxmill/internal/exampleenv"
 )
 
 // TicketOpened is the payload of the example's event type.
@@ -35,7 +33,7 @@ func ExampleConfig_Validate() {
 // batches, like the framework's tables. A module returns such rules from
 // module.Module.Retention; the process runs them on the retention interval.
 func ExampleNewRulePurger() {
-	db, drop := exampleDB()
+	db, drop := exampleenv.DB()
 	defer drop()
 	ctx := context.Background()
 	if _, err := db.ExecContext(ctx, `CREATE TABLE idempotency_keys (key text PRIMARY KEY, created_at timestamptz NOT NULL);
@@ -74,7 +72,7 @@ func ExampleNewRulePurger() {
 // An outbox row is purged only once every relay group has passed it: rows
 // old enough but not forwarded are held, never lost.
 func ExampleNewOutboxPurger() {
-	db, drop := exampleDB()
+	db, drop := exampleenv.DB()
 	defer drop()
 	ctx := context.Background()
 	box := outbox.ForModule("helpdesk")
@@ -98,18 +96,6 @@ func ExampleNewOutboxPurger() {
 // exampleCommitOld commits n events to box, written age ago, with no relay to
 // forward them.
 func exampleCommitOld(db *sqlx.DB, box outbox.Config, n int, age time.Duration) {
-	ctx := context.Background()
-	registry, err := domain.NewRegistry(domain.Declare[TicketOpened]("TicketOpened", 1))
-	if err != nil {
-		panic(err)
-	}
-	writer, err := outbox.NewWriter(box, registry, watermill.NopLogger{})
-	if err == nil {
-		err = outbox.Initialize(ctx, db, box)
-	}
-	if err != nil {
-		panic(err)
-	}
 	var events []domain.Event
 	for i := range n {
 		events = append(events, domain.Event{
@@ -118,45 +104,8 @@ func exampleCommitOld(db *sqlx.DB, box outbox.Config, n int, age time.Duration) 
 			OccurredAt: time.Now().UTC(), Payload: TicketOpened{Subject: "printer on fire"},
 		})
 	}
-	err = postgres.NewUnitOfWork(db, writer, nil).Do(ctx, func(context.Context, postgres.Tx) ([]domain.Event, error) {
-		return events, nil
-	})
-	if err == nil {
-		_, err = db.ExecContext(ctx, `UPDATE `+box.Table()+` SET created_at = created_at - $1::bigint * interval '1 microsecond'`, age.Microseconds())
-	}
-	if err != nil {
+	exampleenv.Commit(db, box, []domain.EventType{domain.Declare[TicketOpened]("TicketOpened", 1)}, events...)
+	if _, err := db.ExecContext(context.Background(), `UPDATE `+box.Table()+` SET created_at = created_at - $1::bigint * interval '1 microsecond'`, age.Microseconds()); err != nil {
 		panic(err)
-	}
-}
-
-// exampleDB creates a database for one example, with the framework's
-// tables, and returns a pool of at most two connections on it and a
-// function that closes the pool and drops the database.
-func exampleDB() (*sqlx.DB, func()) {
-	env := testenv.FromEnvironment()
-	name := testenv.UniqueName("obm_example_")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := env.CreateDatabase(ctx, name); err != nil {
-		panic(err)
-	}
-	drop := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := env.DropDatabase(ctx, name); err != nil {
-			fmt.Println("drop example database:", err)
-		}
-	}
-	db, err := postgres.Open(ctx, env.DatabaseURL(name), 2)
-	if err == nil {
-		err = postgres.MigrateFramework(ctx, db)
-	}
-	if err != nil {
-		drop()
-		panic(err)
-	}
-	return db, func() {
-		_ = db.Close()
-		drop()
 	}
 }
