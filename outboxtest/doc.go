@@ -36,7 +36,8 @@
 // Running.Publish publishes events as their publisher's relay would, so
 // that a module's handlers can be tested without the module that
 // publishes; Running.WaitIdle waits until every committed event was
-// forwarded and every handler queue is empty with nothing unacknowledged.
+// forwarded, every handler queue is empty with nothing unacknowledged,
+// and no held event is due for release.
 //
 //	app := outboxtest.Start(t, outboxtest.App{Set: set, Run: []string{"settlement"}, DB: db})
 //	app.Publish(t, placed, paid)
@@ -71,5 +72,6 @@
 // user creates and drops the test databases) and AMQP_URL (default
 // amqp://guest:guest@127.0.0.1:5672/, plain AMQP). Each test has its own
 // database and namespace, so tests may run in parallel; pools hold at most
-// MaxConns connections.
+// MaxConns connections, but those of a process Start runs with more
+// publishing modules than its relays fit in.
 package outboxtest

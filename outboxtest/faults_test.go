@@ -27,27 +27,6 @@ import (
 // settlement, and one notification of each of its three events.
 var roundTrip = []string{orders.EventOrderPlaced, orders.EventOrderPaid, settlement.EventSettlementRecorded}
 
-// placeMany places and pays n orders, from 4 clients at once.
-func placeMany(t *testing.T, base string, n int) []order {
-	t.Helper()
-	out := make([]order, n)
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for range 4 {
-		wg.Go(func() {
-			for i := range next {
-				out[i] = placeAndPay(t, base)
-			}
-		})
-	}
-	for i := range n {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	return out
-}
-
 // checkBooks fails t unless every order went the whole round trip exactly
 // once: settled, one settlement row, one notification of each event.
 func checkBooks(t *testing.T, r *outboxtest.Running, db *outboxtest.DB, placed []order) {
@@ -185,14 +164,20 @@ func TestRunning_CutBroker(t *testing.T) {
 			r := outboxtest.Start(t, outboxtest.App{Set: set, DB: db, Configure: func(c *module.Config) { c.RelayKind = kind }})
 			var placed []order
 			for range 3 {
+				// Orders placed while the broker connections drop: the
+				// goroutine hands its error to the test's, which reports it.
 				var batch []order
+				var err error
 				done := make(chan struct{})
 				go func() {
 					defer close(done)
-					batch = placeMany(t, r.URL(), 8)
+					batch, err = tryPlaceMany(r.URL(), 8)
 				}()
 				r.CutBroker(t)
 				<-done
+				if err != nil {
+					t.Fatalf("place and pay orders while the broker connections drop: %v", err)
+				}
 				placed = append(placed, batch...)
 			}
 			r.CutBroker(t)
@@ -209,27 +194,96 @@ func TestRunning_WaitIdleSeesUnacknowledged(t *testing.T) {
 	// empty and every outbox forwarded.
 	set := app()
 	db := outboxtest.NewDB(t, set...)
-	release := make(chan struct{})
-	var once sync.Once
-	held := slowNotifications(release)
-	set = append(set[:2:2], held)
+	arrived, release := make(chan struct{}), make(chan struct{})
+	set = append(set[:2:2], slowNotifications(arrived, release))
 	r := outboxtest.Start(t, outboxtest.App{Set: set, DB: db, Run: []string{notifications.Name}})
-	r.Publish(t, placedEvent())
+	placed := placedEvent()
+	r.Publish(t, placed, paidEvent(placed))
+	// The handler holds the OrderPaid's delivery from now on: no later look can find
+	// the state idle, however long WaitIdleFor looks.
+	select {
+	case <-arrived:
+	case <-time.After(outboxtest.DefaultWaitTimeout):
+		t.Fatalf("the handler was not given the OrderPaid within %s", outboxtest.DefaultWaitTimeout)
+	}
 	msg := fails(t, func(tb testing.TB) { r.WaitIdleFor(tb, 2*time.Second) })
 	if !strings.Contains(msg, "unacknowledged") {
 		t.Errorf("WaitIdle with a handler busy says %q", msg)
 	}
-	once.Do(func() { close(release) })
+	close(release)
 	r.WaitIdle(t)
 }
 
-// slowNotifications is a notifications module whose handler holds each
-// OrderPlaced until release is closed.
-func slowNotifications(release <-chan struct{}) module.Module {
+func TestRunning_WaitIdleWaitsForHeldEvents(t *testing.T) {
+	// OrderPaid (version 2) arrives before OrderPlaced (version 1): it is
+	// held, and released by the consumer once OrderPlaced is applied. Its
+	// handler holds it until released, so WaitIdle must not return while
+	// it is due, and must return only once its effect is committed.
+	set := app()
+	db := outboxtest.NewDB(t, set...)
+	arrived, release := make(chan struct{}), make(chan struct{})
+	set = append(set[:2:2], slowNotifications(arrived, release))
+	r := outboxtest.Start(t, outboxtest.App{Set: set, DB: db, Run: []string{notifications.Name}})
+	placed := placedEvent()
+	paid := paidEvent(placed)
+	r.Publish(t, paid, placed)
+	select {
+	case <-arrived:
+	case <-time.After(outboxtest.DefaultWaitTimeout):
+		t.Fatalf("the held OrderPaid was not released to its handler within %s", outboxtest.DefaultWaitTimeout)
+	}
+	msg := fails(t, func(tb testing.TB) { r.WaitIdleFor(tb, 2*time.Second) })
+	if !strings.Contains(msg, "held events due for release") {
+		t.Errorf("WaitIdle with a held event being released says %q", msg)
+	}
+	close(release)
+	r.WaitIdle(t)
+	// No wait here: WaitIdle returned, so the release has committed.
+	var version int
+	if err := db.DB.Get(&version, `SELECT version FROM aggregate_versions WHERE handler = $1 AND aggregate_id = $2`,
+		notifications.HandlerName, placed.AggregateID); err != nil {
+		t.Fatal(err)
+	}
+	if version != 2 {
+		t.Fatalf("order %s at version %d after WaitIdle, want 2: WaitIdle returned before the held OrderPaid was applied", placed.AggregateID, version)
+	}
+
+	// A held event whose predecessor never comes counts as finished.
+	orphan := paid
+	orphan.ID, orphan.AggregateID = domain.NewEventID(), domain.NewEventID()
+	r.Publish(t, orphan)
+	r.WaitIdle(t)
+	var held int
+	if err := db.DB.Get(&held, `SELECT count(*) FROM set_aside_messages WHERE handler = $1 AND aggregate_id = $2 AND held_until > now()`,
+		notifications.HandlerName, orphan.AggregateID); err != nil {
+		t.Fatal(err)
+	}
+	if held != 1 {
+		t.Fatalf("%d held rows of the OrderPaid without its OrderPlaced after WaitIdle, want 1", held)
+	}
+}
+
+// slowNotifications is a notifications module whose handler takes each
+// OrderPlaced at once, and holds each OrderPaid until release is closed,
+// closing arrived when it is first given one.
+func slowNotifications(arrived chan<- struct{}, release <-chan struct{}) module.Module {
+	var once sync.Once
 	return module.Module{
 		Name: notifications.Name, Consumes: orders.Events,
 		Handlers: []consumer.Handler{{Name: notifications.HandlerName, Cases: []consumer.Case{
 			consumer.On(func(ctx context.Context, tx postgres.Tx, ev consumer.Event[orders.OrderPlacedPayload]) ([]domain.Event, error) {
+				return nil, nil
+			}),
+			consumer.On(func(ctx context.Context, tx postgres.Tx, ev consumer.Event[orders.OrderPaidPayload]) ([]domain.Event, error) {
+				// A read first: a pipelined batch, which runs handlers before
+				// the version guard's verdict, gets postgres.ErrNeedsTransaction
+				// and runs again in an ordinary transaction, after the guard.
+				// So the handler is given an OrderPaid only once it may apply.
+				var one int
+				if err := tx.GetContext(ctx, &one, `SELECT 1`); err != nil {
+					return nil, err
+				}
+				once.Do(func() { close(arrived) })
 				select {
 				case <-release:
 					return nil, nil
@@ -238,6 +292,16 @@ func slowNotifications(release <-chan struct{}) module.Module {
 				}
 			}),
 		}}},
+	}
+}
+
+// paidEvent is the OrderPaid of the order placed announces, its version 2.
+func paidEvent(placed domain.Event) domain.Event {
+	p := placed.Payload.(orders.OrderPlacedPayload)
+	return domain.Event{
+		ID: domain.NewEventID(), Type: orders.EventOrderPaid, SchemaVersion: 1,
+		AggregateType: placed.AggregateType, AggregateID: placed.AggregateID, AggregateVersion: 2, OccurredAt: time.Now().UTC(),
+		Payload: orders.OrderPaidPayload{OrderID: p.OrderID, CustomerID: p.CustomerID, Amount: p.Amount, Currency: p.Currency, PaidAt: time.Now().UTC()},
 	}
 }
 

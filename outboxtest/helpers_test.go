@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -34,11 +35,19 @@ type order struct {
 // into out, failing t unless the status is want.
 func call(t testing.TB, method, url string, body any, want int, out any) {
 	t.Helper()
+	if err := send(method, url, body, want, out); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// send is call's work: it returns what went wrong, so that a goroutine
+// other than the test's can report it to the test's.
+func send(method, url string, body any, want int, out any) error {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		rd = bytes.NewReader(b)
 	}
@@ -46,35 +55,79 @@ func call(t testing.TB, method, url string, body any, want int, out any) {
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, method, url, rd)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
+		return fmt.Errorf("%s %s: %w", method, url, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatal(err)
+		return fmt.Errorf("%s %s: %w", method, url, err)
 	}
 	if resp.StatusCode != want {
-		t.Fatalf("%s %s: status %d, want %d: %s", method, url, resp.StatusCode, want, data)
+		return fmt.Errorf("%s %s: status %d, want %d: %s", method, url, resp.StatusCode, want, data)
 	}
 	if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {
-			t.Fatalf("%s %s: %v: %s", method, url, err, data)
+			return fmt.Errorf("%s %s: %w: %s", method, url, err, data)
 		}
 	}
+	return nil
 }
 
 // placeAndPay places an order through the API and pays it.
 func placeAndPay(t testing.TB, base string) order {
 	t.Helper()
-	var o order
-	call(t, "POST", base+"/orders", map[string]any{"customer_id": "c-1", "amount": 1250, "currency": "EUR"}, http.StatusCreated, &o)
-	call(t, "POST", base+"/orders/"+o.ID+"/pay", map[string]any{"amount": 1250}, http.StatusOK, &o)
+	o, err := tryPlaceAndPay(base)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return o
+}
+
+// tryPlaceAndPay is placeAndPay returning its error.
+func tryPlaceAndPay(base string) (order, error) {
+	var o order
+	if err := send("POST", base+"/orders", map[string]any{"customer_id": "c-1", "amount": 1250, "currency": "EUR"}, http.StatusCreated, &o); err != nil {
+		return o, err
+	}
+	err := send("POST", base+"/orders/"+o.ID+"/pay", map[string]any{"amount": 1250}, http.StatusOK, &o)
+	return o, err
+}
+
+// tryPlaceMany places and pays n orders, from 4 clients at once, and
+// returns them with every error met.
+func tryPlaceMany(base string, n int) ([]order, error) {
+	out := make([]order, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range 4 {
+		wg.Go(func() {
+			for i := range next {
+				out[i], errs[i] = tryPlaceAndPay(base)
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return out, errors.Join(errs...)
+}
+
+// placeMany is tryPlaceMany failing t on error.
+func placeMany(t testing.TB, base string, n int) []order {
+	t.Helper()
+	out, err := tryPlaceMany(base, n)
+	if err != nil {
+		t.Fatalf("place and pay %d orders: %v", n, err)
+	}
+	return out
 }
 
 // notificationTypes returns the event types notified for an order, in

@@ -10,10 +10,12 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	orderstore "github.com/outboxmill/outboxmill/adapters/orders"
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/domain/orders"
 	"github.com/outboxmill/outboxmill/domain/settlement"
@@ -189,6 +191,94 @@ func TestStart(t *testing.T) {
 	if types := notificationTypes(t, r.URL(), o.ID); !slices.Equal(types, want) {
 		t.Errorf("notifications %v, want %v", types, want)
 	}
+}
+
+// Payloads of the events of TestStart_ManyPublishers' modules, one type
+// each, as the registry wants.
+type (
+	firstHappened  struct{ N int }
+	secondHappened struct{ N int }
+	thirdHappened  struct{ N int }
+	fourthHappened struct{ N int }
+)
+
+func TestStart_ManyPublishers(t *testing.T) {
+	// Four publishing modules: four relays, each holding its lease session
+	// out of the relays' pool, which then needs five connections.
+	set := module.Set{
+		{Name: "first", Publishes: []domain.EventType{domain.Declare[firstHappened]("FirstHappened", 1)}},
+		{Name: "second", Publishes: []domain.EventType{domain.Declare[secondHappened]("SecondHappened", 1)}},
+		{Name: "third", Publishes: []domain.EventType{domain.Declare[thirdHappened]("ThirdHappened", 1)}},
+		{Name: "fourth", Publishes: []domain.EventType{domain.Declare[fourthHappened]("FourthHappened", 1)}},
+	}
+	payloads := []any{firstHappened{1}, secondHappened{2}, thirdHappened{3}, fourthHappened{4}}
+	db := outboxtest.NewDB(t, set...)
+	r := outboxtest.Start(t, outboxtest.App{Set: set, DB: db})
+	for i, m := range set {
+		id := domain.NewEventID()
+		ev := domain.Event{ID: domain.NewEventID(), Type: m.Publishes[0].Name, SchemaVersion: 1,
+			AggregateType: m.Name, AggregateID: id, AggregateVersion: 1, OccurredAt: time.Now().UTC(), Payload: payloads[i]}
+		err := db.Runtime(t, m).UnitOfWork.Do(context.Background(), func(context.Context, postgres.Tx) ([]domain.Event, error) {
+			return []domain.Event{ev}, nil
+		})
+		if err != nil {
+			t.Fatalf("commit an event of module %s: %v", m.Name, err)
+		}
+	}
+	r.WaitIdle(t) // every relay forwards its outbox
+}
+
+func TestStart_ConfigureNamespace(t *testing.T) {
+	// The namespace Configure sets is the one WaitIdle watches and the
+	// clean-up empties.
+	set := app()
+	db := outboxtest.NewDB(t, set...)
+	ns := testenv.UniqueName("obmt.own.")
+	q := ns + "." + notifications.HandlerName + ".0"
+	var r *outboxtest.Running
+	t.Run("run", func(t *testing.T) {
+		r = outboxtest.Start(t, outboxtest.App{Set: set, DB: db, Configure: func(c *module.Config) { c.Namespace = ns }})
+		if r.Namespace() != ns {
+			t.Fatalf("namespace %s, want %s", r.Namespace(), ns)
+		}
+		if err := queueExists(q); err != nil {
+			t.Fatalf("queue %s of the namespace Configure set: %v", q, err)
+		}
+		o := placeAndPay(t, r.URL())
+		r.WaitIdle(t)
+		if types := notificationTypes(t, r.URL(), o.ID); !slices.Equal(types, roundTrip) {
+			t.Fatalf("notifications %v after WaitIdle, want %v", types, roundTrip)
+		}
+	})
+	// The clean-up deleted the namespace's queues.
+	var missing *amqp.Error
+	if err := queueExists(q); !errors.As(err, &missing) || missing.Code != amqp.NotFound {
+		t.Fatalf("queue %s after its test: %v, want it not found", q, err)
+	}
+
+	msg := fails(t, func(tb testing.TB) {
+		outboxtest.Start(tb, outboxtest.App{Set: set, DB: db, Configure: func(c *module.Config) { c.Namespace = "" }})
+	})
+	if !strings.Contains(msg, "emptied Namespace") {
+		t.Errorf("Start with the namespace emptied says %q", msg)
+	}
+}
+
+// queueExists declares queue q passively on the test broker: nil if it
+// exists.
+func queueExists(q string) error {
+	conn, err := rabbitmq.Dial(context.Background(), testenv.FromEnvironment().AMQPURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	_, err = ch.QueueDeclarePassive(q, true, false, false, false, nil)
+	return err
 }
 
 func TestRunning_Publish(t *testing.T) {

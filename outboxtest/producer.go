@@ -46,6 +46,10 @@ type Producer struct {
 	// with the aggregate's id as $1 ("SELECT xmin FROM orders WHERE id =
 	// $1"). Required.
 	Row string
+	// Count counts the rows of the business table that Create adds to
+	// ("SELECT count(*) FROM orders"): the contract compares it before and
+	// after a Create that must commit nothing. Required.
+	Count string
 	// Concurrency is how many goroutines make the same change of one
 	// aggregate at once; default 8.
 	Concurrency int
@@ -72,6 +76,9 @@ func (p Producer) Validate() error {
 	}
 	if p.Row == "" {
 		errs = append(errs, errors.New("Row is required"))
+	}
+	if p.Count == "" {
+		errs = append(errs, errors.New("Count is required"))
 	}
 	if p.Changes < 1 || p.Concurrency < 2 {
 		errs = append(errs, fmt.Errorf("Changes %d (want at least 1) or Concurrency %d (want at least 2)", p.Changes, p.Concurrency))
@@ -119,7 +126,8 @@ var producerCases = []producerCase{
 //     them) fails and commits neither its row nor any event: the contract
 //     runs Create and Change with a runtime whose registry knows no event
 //     type, so the write fails inside the transaction, after the business
-//     statements;
+//     statements, and checks that Count is the same after the Create and
+//     that Row's xmin is the same after the Change;
 //   - concurrent changes of one aggregate never commit two events with the
 //     same aggregate version (optimistic concurrency): as many changes
 //     commit as calls succeed, each in a transaction of its own, and the
@@ -308,9 +316,20 @@ func (e producerEnv) rowXmin(t testing.TB, id string) string {
 	return xs[0]
 }
 
+// rowCount returns what Count counts.
+func (e producerEnv) rowCount(t testing.TB) int64 {
+	t.Helper()
+	var n int64
+	if err := e.db.DB.Get(&n, e.p.Count); err != nil {
+		t.Fatalf("outboxtest: producer: Count: %v", err)
+	}
+	return n
+}
+
 func testUnwritable(t testing.TB, e producerEnv) {
 	ctx := context.Background()
 	refusing := e.refusingRuntime(t)
+	rows := e.rowCount(t)
 	w := e.db.Watch(t, e.p.Module)
 	if id, err := e.p.Create(ctx, refusing); err == nil {
 		t.Fatalf("outboxtest: producer: Create succeeded (aggregate %s) though its events could not be written", id)
@@ -318,6 +337,9 @@ func testUnwritable(t testing.TB, e producerEnv) {
 		t.Errorf("outboxtest: producer: Create failed with %v, want the writer's error (wrapping domain.ErrUnregisteredEvent)", err)
 	}
 	w.ExpectNone(t)
+	if after := e.rowCount(t); after != rows {
+		t.Fatalf("outboxtest: producer: the failed Create committed its row without its events (Count %d, was %d)", after, rows)
+	}
 
 	id := e.create(t)
 	before := e.rowXmin(t, id)

@@ -84,7 +84,8 @@ func sound() Producer {
 			})
 			return err
 		},
-		Row: `SELECT xmin FROM orders WHERE id = $1`,
+		Row:   `SELECT xmin FROM orders WHERE id = $1`,
+		Count: `SELECT count(*) FROM orders`,
 	}
 }
 
@@ -109,6 +110,25 @@ func TestProducerContract_CatchesBrokenProducers(t *testing.T) {
 			return o.ID(), rt.UnitOfWork.Do(ctx, func(context.Context, postgres.Tx) ([]domain.Event, error) { return events, nil })
 		}
 		if msg := caseFails(t, p, "CreateCommitsRowAndEventsInOneTransaction"); !strings.Contains(msg, "not one transaction") {
+			t.Errorf("says %q", msg)
+		}
+	})
+	t.Run("row created outside the unit of work", func(t *testing.T) {
+		p := sound()
+		p.Create = func(ctx context.Context, rt module.Runtime) (string, error) {
+			o, events, err := orders.PlaceOrder(domain.NewEventID(), "c-1", 1500, "EUR", time.Now().UTC())
+			if err != nil {
+				return "", err
+			}
+			if err := insert(ctx, rt.DB, o); err != nil {
+				return "", err
+			}
+			if err := rt.UnitOfWork.Do(ctx, func(context.Context, postgres.Tx) ([]domain.Event, error) { return events, nil }); err != nil {
+				return "", err // the row is committed already
+			}
+			return o.ID(), nil
+		}
+		if msg := caseFails(t, p, "UnwritableEventsCommitNothing"); !strings.Contains(msg, "Create committed its row without its events") {
 			t.Errorf("says %q", msg)
 		}
 	})

@@ -32,6 +32,7 @@ func TestProducerContract_Orders(t *testing.T) {
 			})
 			return err
 		},
-		Row: `SELECT xmin FROM orders WHERE id = $1`,
+		Row:   `SELECT xmin FROM orders WHERE id = $1`,
+		Count: `SELECT count(*) FROM orders`,
 	})
 }

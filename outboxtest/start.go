@@ -35,7 +35,9 @@ type App struct {
 	// Configure, when set, adjusts the module.Config before the process
 	// starts. The broker, database and relay URLs it is given lead through
 	// the test's proxies; a Configure that replaces them disables the
-	// fault hooks that rely on them.
+	// fault hooks that rely on them. The modules run, the namespace (which
+	// must not be emptied) and the queue type are read after it; a
+	// MaxDBConns it leaves as it was is sized again for what it chose.
 	Configure func(*module.Config)
 	// WaitTimeout bounds each WaitIdle; default DefaultWaitTimeout.
 	WaitTimeout time.Duration
@@ -51,8 +53,6 @@ type Running struct {
 	amqpURL  string // the broker itself, not through the proxy
 	baseURL  string
 	wait     time.Duration
-	// relayKind is the kind of the process's relays.
-	relayKind string
 
 	broker *proxy // every broker connection of the process but its relays'
 	// relayBroker and relayDB carry the relays' connections, so that
@@ -73,12 +73,16 @@ type Running struct {
 // fails t if they stopped with an error.
 //
 // The process reaches the broker through proxies of the test (see
-// CutBroker and KillRelay), with pools of at most MaxConns connections
-// (more when its relays hold more), relays woken in process (no
-// PostgreSQL notification) and logs written to t.Log. Its namespace's
-// exchanges and queues are deleted when t ends. The broker is named by
-// AMQP_URL (default amqp://guest:guest@127.0.0.1:5672/), reached over
-// plain AMQP.
+// CutBroker and KillRelay), relays woken in process (no PostgreSQL
+// notification) and logs written to t.Log. Each of its pools holds
+// MaxConns connections, or more when the relays of the modules run need
+// more for module.New to accept the pool (each relay holds its lease
+// session: four publishing modules run take a relay pool of five).
+// Configure sees these settings and may change them; the namespace,
+// topology and modules run that WaitIdle and the clean-up use are read
+// after it. The namespace's exchanges and queues are deleted when t ends.
+// The broker is named by AMQP_URL (default
+// amqp://guest:guest@127.0.0.1:5672/), reached over plain AMQP.
 func Start(t testing.TB, config App) *Running {
 	t.Helper()
 	if config.DB == nil {
@@ -95,20 +99,15 @@ func Start(t testing.TB, config App) *Running {
 	}
 	env := testenv.FromEnvironment()
 	r := &Running{
-		set: config.Set, run: run, db: config.DB, amqpURL: env.AMQPURL,
-		names: module.Names{Namespace: testenv.UniqueName("obmt.")},
-		wait:  config.WaitTimeout, done: make(chan struct{}),
+		set: config.Set, db: config.DB, amqpURL: env.AMQPURL,
+		wait: config.WaitTimeout, done: make(chan struct{}),
 	}
 	if r.wait <= 0 {
 		r.wait = DefaultWaitTimeout
 	}
-	topology, err := config.Set.Topology(r.names, rabbitmq.QueueClassic)
-	if err != nil {
-		t.Fatalf("outboxtest: topology: %v", err)
-	}
-	r.topology = topology
 
 	var brokerURL, relayBrokerURL, relayDBURL string
+	var err error
 	if r.broker, brokerURL, err = proxyFor(env.AMQPURL, true); err != nil {
 		t.Fatalf("outboxtest: %v", err)
 	}
@@ -130,19 +129,38 @@ func Start(t testing.TB, config App) *Running {
 		RelayAMQPURL:      relayBrokerURL,
 		RelayDatabaseURLs: map[string]string{},
 		HTTPAddr:          "127.0.0.1:0",
-		Namespace:         r.names.Namespace,
+		Namespace:         testenv.UniqueName("obmt."),
 		RelayNotify:       &off,
 		RelayPollInterval: 250 * time.Millisecond,
-		MaxDBConns:        MaxConns,
 		Logger:            Logger(t),
 	}
 	for _, name := range run {
 		cfg.RelayDatabaseURLs[name] = relayDBURL
 	}
+	cfg.MaxDBConns = poolSize(config.Set, cfg)
 	if config.Configure != nil {
+		sized := cfg.MaxDBConns
 		config.Configure(&cfg)
+		if cfg.MaxDBConns == sized {
+			// Left as it was: sized again for what Configure chose (the
+			// modules run, relay notifications, relay database URLs).
+			cfg.MaxDBConns = poolSize(config.Set, cfg)
+		}
+		if cfg.Namespace == "" {
+			t.Fatal("outboxtest: Configure emptied Namespace: the process would use the default namespace, shared with every other process on the broker, and the clean-up would delete its objects")
+		}
 	}
-	r.relayKind = cfg.RelayKind
+	r.run = cfg.Run
+	r.names = module.Names{Namespace: cfg.Namespace}
+	queueType := cfg.QueueType
+	if queueType == "" {
+		queueType = rabbitmq.QueueClassic
+	}
+	topology, err := config.Set.Topology(r.names, queueType)
+	if err != nil {
+		t.Fatalf("outboxtest: topology: %v", err)
+	}
+	r.topology = topology
 	ctx, cancel := context.WithTimeout(context.Background(), setUpTimeout)
 	defer cancel()
 	t.Cleanup(func() {
@@ -155,7 +173,7 @@ func Start(t testing.TB, config App) *Running {
 	})
 	p, err := module.New(ctx, config.Set, cfg)
 	if err != nil {
-		t.Fatalf("outboxtest: start modules %s: %v", strings.Join(run, ", "), err)
+		t.Fatalf("outboxtest: start modules %s: %v", strings.Join(r.run, ", "), err)
 	}
 	r.baseURL = "http://" + p.Addr()
 	runCtx, stop := context.WithCancel(context.Background())
@@ -172,11 +190,11 @@ func Start(t testing.TB, config App) *Running {
 		select {
 		case <-r.done:
 		case <-time.After(setUpTimeout):
-			t.Errorf("outboxtest: modules %s did not stop within %s", strings.Join(run, ", "), setUpTimeout)
+			t.Errorf("outboxtest: modules %s did not stop within %s", strings.Join(r.run, ", "), setUpTimeout)
 			return
 		}
 		if r.err != nil {
-			t.Errorf("outboxtest: modules %s stopped with an error: %v", strings.Join(run, ", "), r.err)
+			t.Errorf("outboxtest: modules %s stopped with an error: %v", strings.Join(r.run, ", "), r.err)
 		}
 	})
 	return r
@@ -257,20 +275,34 @@ func (r *Running) publish(events []domain.Event) error {
 }
 
 // WaitIdle waits until every event committed to the outboxes of the
-// modules run has been published and every queue of the running handlers
-// is empty with nothing unacknowledged (so every handler has finished),
-// then returns; it fails t after App.WaitTimeout (default 60 s), naming
-// what is still pending.
+// modules run has been published, every queue of the running handlers is
+// empty with nothing unacknowledged, and no event a running handler held
+// back for its aggregate's previous version is due for release (so every
+// handler has finished), then returns; it fails t after App.WaitTimeout
+// (default 60 s), naming what is still pending.
 //
-// An event a handler held back for its aggregate's previous version counts
-// as finished (it is set aside, and released by the consumer later). The
-// state must hold on two looks in a row with no delivery or
-// acknowledgement in between; the unacknowledged deliveries are those the
-// test's broker proxy saw pass.
+// A held event is due once its predecessor was applied: the consumer then
+// releases it by itself, and WaitIdle waits for that. A held event whose
+// predecessor never came counts as finished. The unacknowledged deliveries
+// are those the test's broker proxy saw pass. The state must hold still
+// for a quiet period (at least 250 ms, over at least 3 looks) with no
+// delivery, acknowledgement or cut passing the proxy in between: a
+// delivery the broker has taken off its queue but that has not reached the
+// proxy yet is seen by none of the looks, and one held up for longer than
+// the quiet period would be missed.
 func (r *Running) WaitIdle(t testing.TB) {
 	t.Helper()
 	r.waitIdle(t, r.wait)
 }
+
+// The quiet period of WaitIdle: how long, and over how many looks at
+// least, the idle state must hold with nothing passing the broker proxy;
+// and the pause between two looks.
+const (
+	quietFor     = 250 * time.Millisecond
+	quietLooks   = 3
+	lookInterval = 50 * time.Millisecond
+)
 
 func (r *Running) waitIdle(t testing.TB, timeout time.Duration) {
 	t.Helper()
@@ -291,10 +323,14 @@ func (r *Running) waitIdle(t testing.TB, timeout time.Duration) {
 	defer ch.Close()
 
 	var pending []string
-	var lastChange uint64
-	stillLooks := 0
+	// The quiet run so far: its looks, the end of its first look and the
+	// proxy's change counter then.
+	var quietSince time.Time
+	var quietChange uint64
+	looks := 0
 	for {
 		r.stopped(t)
+		started := time.Now()
 		var change uint64
 		pending, change, err = r.pending(ctx, ch)
 		if err != nil {
@@ -302,29 +338,35 @@ func (r *Running) waitIdle(t testing.TB, timeout time.Duration) {
 		}
 		switch {
 		case len(pending) > 0:
-			stillLooks = 0
-		case stillLooks > 0 && change == lastChange:
-			return
+			looks = 0
+		case looks == 0 || change != quietChange:
+			looks, quietSince, quietChange = 1, time.Now(), change
 		default:
-			stillLooks++
+			looks++
+			if looks >= quietLooks && started.Sub(quietSince) >= quietFor {
+				return
+			}
 		}
-		lastChange = change
 		if time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(50 * time.Millisecond) // between two looks
+		time.Sleep(lookInterval) // between two looks
 	}
 	killed := ""
 	if r.relaysKilled() {
 		killed = " (the relays are killed: StartRelay starts them)"
 	}
+	if len(pending) == 0 {
+		pending = []string{"deliveries or acknowledgements kept passing the broker proxy"}
+	}
 	t.Fatalf("outboxtest: not idle after %s%s:\n  %s", timeout, killed, strings.Join(pending, "\n  "))
 }
 
 // pending lists what is not finished yet: unforwarded outbox rows, ready
-// messages and unacknowledged deliveries of the running handlers' queues.
-// The outboxes are looked at first and again last, since a handler that
-// raised events commits them before it acknowledges its delivery.
+// messages and unacknowledged deliveries of the running handlers' queues,
+// and held events due for release. The outboxes are looked at first and
+// again last, since a handler that raised events (a released held event's
+// too) commits them before it acknowledges its delivery.
 func (r *Running) pending(ctx context.Context, ch *amqp.Channel) ([]string, uint64, error) {
 	pending, err := r.backlogs(ctx)
 	if err != nil || len(pending) > 0 {
@@ -351,8 +393,35 @@ func (r *Running) pending(ctx context.Context, ch *amqp.Channel) ([]string, uint
 	if len(pending) > 0 {
 		return pending, change, nil
 	}
+	if pending, err = r.releasable(ctx); err != nil || len(pending) > 0 {
+		return pending, change, err
+	}
 	pending, err = r.backlogs(ctx)
 	return pending, change, err
+}
+
+// releasable lists the running handlers that hold events due for release:
+// set aside as held (held_until not passed) while their aggregate's
+// previous version has been applied since. The consumer's releaser applies
+// exactly these (postgres.SetAsideStore.Releasable selects them alike).
+func (r *Running) releasable(ctx context.Context) ([]string, error) {
+	var pending []string
+	for _, h := range r.handlers() {
+		var n int
+		err := r.db.DB.GetContext(ctx, &n, `
+			SELECT count(*) FROM set_aside_messages s
+			WHERE s.handler = $1 AND s.held_until > now()
+			AND EXISTS (SELECT 1 FROM aggregate_versions v
+				WHERE v.handler = s.handler AND v.aggregate_type = s.aggregate_type
+				AND v.aggregate_id = s.aggregate_id AND v.version = s.aggregate_version - 1)`, h)
+		if err != nil {
+			return nil, fmt.Errorf("held events of handler %s: %w", h, err)
+		}
+		if n > 0 {
+			pending = append(pending, fmt.Sprintf("handler %s: %d held events due for release (their previous version was applied)", h, n))
+		}
+	}
+	return pending, nil
 }
 
 // backlogs lists the outboxes of the modules run that hold unforwarded
@@ -375,6 +444,18 @@ func (r *Running) backlogs(ctx context.Context) ([]string, error) {
 	return pending, nil
 }
 
+// handlers returns the names of the handlers of the modules run.
+func (r *Running) handlers() []string {
+	var hs []string
+	for _, name := range r.run {
+		m, _ := r.set.Find(name)
+		for _, h := range m.Handlers {
+			hs = append(hs, h.Name)
+		}
+	}
+	return hs
+}
+
 // queues returns the lane queues of the handlers of the modules run.
 func (r *Running) queues() []string {
 	var qs []string
@@ -385,6 +466,50 @@ func (r *Running) queues() []string {
 		}
 	}
 	return qs
+}
+
+// poolSize is the size of each pool of a process config runs: MaxConns,
+// or more where the relays of the modules run would fill a pool, as
+// module.Config's check counts them: each relay keeps its lease session,
+// and with RelayNotify a session listening for wake-ups, out of the pool
+// of its relay database URL; a pool shared with the rest of the process
+// needs 2 more connections, one of relays alone 1 more.
+func poolSize(set module.Set, config module.Config) int {
+	if config.Relay != nil && !*config.Relay {
+		return MaxConns
+	}
+	notify := config.RelayNotify == nil || *config.RelayNotify
+	databaseURL := func(name string) string {
+		if u := config.DatabaseURLs[name]; u != "" {
+			return u
+		}
+		return config.DatabaseURL
+	}
+	held, shared := map[string]int{}, map[string]bool{}
+	for _, name := range config.Run {
+		shared[databaseURL(name)] = true
+		m, ok := set.Find(name)
+		if !ok || len(m.Publishes) == 0 {
+			continue
+		}
+		url := config.RelayDatabaseURLs[name]
+		if url == "" {
+			url = databaseURL(name)
+		}
+		held[url]++
+		if notify {
+			held[url]++
+		}
+	}
+	size := MaxConns
+	for url, n := range held {
+		if shared[url] {
+			size = max(size, n+2)
+		} else {
+			size = max(size, n+1)
+		}
+	}
+	return size
 }
 
 func (r *Running) relaysKilled() bool {

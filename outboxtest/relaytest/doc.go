@@ -21,7 +21,7 @@
 // aggregate goes to one lane. The suite commits the events itself, through
 // the outbox Writer, and consumes every lane over a connection of its own.
 // Each relay instance reaches the database and the broker through proxies
-// of its own (internal/stack's Proxy), which the suite cuts to inject
+// of its own (internal/tcpproxy's Proxy), which the suite cuts to inject
 // faults for real. The properties:
 //
 //   - every committed event is published and delivered, also through a
@@ -42,6 +42,9 @@
 //     published twice while both run;
 //   - the broker connection cut at the TCP level in the middle of a stream
 //     loses nothing;
+//   - a relay closed as its broker connection drops, in the middle of a
+//     stream, stops (Close and Run return) whatever the client did with
+//     the confirms it awaited, and the next instance loses nothing;
 //   - with Features.SetsAsideInvalidRows, rows that are not forwarder
 //     envelopes are set aside in outbox_set_aside and the rows after them
 //     are published;
