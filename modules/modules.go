@@ -1,7 +1,8 @@
-// Package modules lists the sample modules, for the commands that run them
-// (cmd/orders, cmd/settlement, cmd/monolith) and the tools that work over
-// them (outboxctl, the demo, the benchmark), and every module cmd/monolith
-// runs (All).
+// Package modules lists the sample modules (Samples), for their own
+// commands (cmd/orders, cmd/settlement) and the tools built around them (the
+// demo, the benchmark, the test stack), and every module of the application
+// (All: the samples and what "outboxmill new module" added), which
+// cmd/monolith runs and cmd/outboxctl works over.
 package modules
 
 import (
@@ -15,9 +16,9 @@ func Samples() module.Set {
 	return module.Set{orders.Module(), settlement.Module()}
 }
 
-// All returns every module of the application cmd/monolith runs: the
-// samples, then the modules "outboxmill new module" added before its
-// marker comment.
+// All returns every module of the application, which cmd/monolith runs and
+// cmd/outboxctl works over: the samples, then the modules "outboxmill new
+// module" added before its marker comment.
 func All() module.Set {
 	return append(Samples(), module.Set{
 		// outboxmill:modules

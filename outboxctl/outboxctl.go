@@ -6,8 +6,9 @@
 // It works from a module.Set, the same declaration the services run: every
 // module that publishes has its outbox in its own database, every handler
 // its dedup markers and set-aside messages in its module's database.
-// cmd/outboxctl passes the sample modules (modules.Samples()); a team's own
-// command calls the same Main with its own set:
+// cmd/outboxctl passes every module of this repository (modules.All(): the
+// samples and what the scaffold added); a team's own command calls the same
+// Main with its own set:
 //
 //	func main() {
 //		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -3,13 +3,16 @@
 //	outboxmill new module [-root DIR] [-aggregate Name] NAME
 //
 // generates the skeleton of module NAME into the Go module around DIR (by
-// default the working directory): an aggregate with one behaviour and its
-// event, their declaration, a repository through the unit of work, a
-// consumer handler, an HTTP API, migrations and tests, and registers the
-// module before the "// outboxmill:modules" marker of the tree's module
-// set. It refuses an invalid name, a file that exists, a tree without
-// go.mod, and a tree without the marker or with several, and then writes
-// nothing. From a module that requires the framework:
+// default the working directory): an aggregate that New creates and Rename
+// changes, their events and declaration, a repository through the unit of
+// work (Add, and Update with optimistic concurrency), a consumer handler,
+// an HTTP API, migrations and tests, and registers the module before the
+// "// outboxmill:modules" marker of the tree's module set. It refuses an
+// invalid name, a name the tree's application has taken (a module, one of
+// the module's tables, a route under its path), a file that exists, a tree
+// without go.mod, and a tree without the marker or with several, and then
+// writes nothing. It prints what it wrote and what to run next. From a
+// module that requires the framework:
 //
 //	go run github.com/outboxmill/outboxmill/cmd/outboxmill new module invoices
 //
@@ -22,8 +25,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
-	"strings"
 
 	"github.com/outboxmill/outboxmill/internal/scaffold"
 )
@@ -74,25 +75,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	opts.Name = names[0]
-	files, err := scaffold.Generate(opts)
+	r, err := scaffold.Generate(opts)
 	if err != nil {
 		fmt.Fprintf(stderr, "outboxmill new module: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "module %s written:\n", opts.Name)
-	var registered string
-	var pkgs []string
-	for _, f := range files {
-		if f.Registers {
-			registered = f.Path
-			continue
-		}
-		fmt.Fprintf(stdout, "  %s\n", f.Path)
-		if dir, _, _ := strings.Cut(f.Path, "/"+opts.Name+"/"); !slices.Contains(pkgs, "./"+dir+"/"+opts.Name+"/...") {
-			pkgs = append(pkgs, "./"+dir+"/"+opts.Name+"/...")
-		}
-	}
-	fmt.Fprintf(stdout, "registered in %s\n\nnext:\n  go vet ./... && go test -p 1 %s\n", registered, strings.Join(pkgs, " "))
-	fmt.Fprintf(stdout, "  run it with -modules %s of the command over that set (in this repository: go run ./cmd/monolith -modules %s)\n", opts.Name, opts.Name)
+	fmt.Fprint(stdout, r.Summary())
 	return 0
 }

@@ -47,6 +47,10 @@ func TestRun(t *testing.T) {
 		{name: "invalid aggregate", args: []string{"new", "module", "-root", "ROOT", "-aggregate", "bill", "invoices"}, code: 1, stderr: `aggregate "bill": want an exported Go identifier`},
 		{name: "written", args: []string{"new", "module", "-root", "ROOT", "invoices"}, code: 0,
 			stdout: "module invoices written:\n  domain/invoices/invoice.go\n"},
+		{name: "next, in a team's module", args: []string{"new", "module", "-root", "ROOT", "invoices"}, code: 0,
+			stdout: "next:\n  go vet ./... && go test -p 1 ./domain/invoices/... ./adapters/invoices/... ./handlers/invoices/... ./modules/invoices/...\n" +
+				"  run it with -modules invoices in the command that runs the set of app/app.go\n"},
+		{name: "name taken", args: []string{"new", "module", "-root", "ROOT", "metrics"}, code: 1, stderr: "name taken"},
 		{name: "flags after the name", args: []string{"new", "module", "invoices", "-aggregate", "Bill", "-root", "ROOT"}, code: 0,
 			stdout: "  domain/invoices/bill.go\n"},
 	} {
@@ -58,6 +62,9 @@ func TestRun(t *testing.T) {
 			}
 			var stdout, stderr bytes.Buffer
 			code := run(args, &stdout, &stderr)
+			if strings.Contains(stdout.String(), "cmd/monolith") {
+				t.Errorf("run(%q) names cmd/monolith outside the framework's module:\n%s", tc.args, stdout.String())
+			}
 			if code != tc.code || !strings.Contains(stdout.String(), tc.stdout) || !strings.Contains(stderr.String(), tc.stderr) {
 				t.Errorf("run(%q) = %d, stdout:\n%s\nstderr:\n%s\nwant %d, stdout holding %q, stderr holding %q",
 					tc.args, code, stdout.String(), stderr.String(), tc.code, tc.stdout, tc.stderr)
@@ -90,5 +97,21 @@ func TestRun_Refusal(t *testing.T) {
 	after, err := os.ReadFile(filepath.Join(root, "app", "app.go"))
 	if err != nil || !bytes.Equal(before, after) {
 		t.Errorf("the refusal changed app/app.go (%v)", err)
+	}
+}
+
+// TestRun_InTheFramework runs the command in the framework's own module,
+// where cmd/monolith runs the set: the hint names it.
+func TestRun_InTheFramework(t *testing.T) {
+	root := fixture(t)
+	if err := os.WriteFile(filepath.Join(root, "go.mod"), []byte("module github.com/outboxmill/outboxmill\n\ngo 1.26\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"new", "module", "-root", root, "invoices"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("run: %d\n%s", code, stderr.String())
+	}
+	if want := "\n  go run ./cmd/monolith -modules invoices\n"; !strings.HasSuffix(stdout.String(), want) {
+		t.Errorf("stdout:\n%s\nwant it to end with %q", stdout.String(), want)
 	}
 }

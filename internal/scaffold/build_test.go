@@ -25,7 +25,8 @@ const repoRoot = "../.."
 // (every package, type-checked with its tests), go build of the generated
 // packages and of cmd/monolith, the generated tests against the real
 // servers, and cmd/monolith -h, which must list both modules in its
-// default -modules.
+// default -modules. Then it breaks the set twice (a conflicting route, a
+// table created twice), and the module's TestSet must fail each time.
 func TestGenerate_BuildsAndPasses(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -52,12 +53,53 @@ func TestGenerate_BuildsAndPasses(t *testing.T) {
 		}
 	}
 	tests = append(tests, "./modules/line_items/...")
-	out := gorun(t, ctx, dir, append([]string{"test", "-count=1", "-p", "1"}, tests...)...)
+	out := gorun(t, ctx, dir, append([]string{"test", "-count=1", "-p", "1", "-v"}, tests...)...)
 	t.Logf("%s", out)
 	for _, p := range tests {
 		pkg := "github.com/outboxmill/outboxmill/" + strings.TrimSuffix(strings.TrimPrefix(p, "./"), "/...")
 		if !bytes.Contains(out, []byte("ok  \t"+pkg+"\t")) {
 			t.Errorf("go test did not pass tests of %s", pkg)
+		}
+	}
+	for _, test := range []string{"TestSet", "TestRepository_ProducerContract/ConcurrentChangesNeverShareAVersion", "TestFeedHandler", "TestAPI", "TestRename"} {
+		if !bytes.Contains(out, []byte("--- PASS: "+test+" ")) {
+			t.Errorf("go test did not pass %s", test)
+		}
+	}
+
+	// The module's TestSet catches what would stop a process running the
+	// whole set: a route of another module under the module's, a table
+	// another module creates too.
+	for _, tc := range []struct{ file, old, new, want string }{
+		{"handlers/settlement/http.go", "\tmux.HandleFunc(\"GET /settlements/{order_id}\", h.get)\n",
+			"\tmux.HandleFunc(\"GET /settlements/{order_id}\", h.get)\n\tmux.HandleFunc(\"GET /" + guideName + "/{other}\", h.get)\n",
+			"routes of module " + guideName + ": pattern"},
+		{"adapters/settlement/migrations/001_settlement.sql", "", "CREATE TABLE " + guideName + "_feed (id TEXT);\n",
+			"migrate module " + guideName},
+	} {
+		p := filepath.Join(dir, filepath.FromSlash(tc.file))
+		was, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		changed := strings.Replace(string(was), tc.old, tc.new, 1)
+		if tc.old == "" {
+			changed = string(was) + tc.new
+		}
+		if changed == string(was) {
+			t.Fatalf("%s does not hold %q", tc.file, tc.old)
+		}
+		if err := os.WriteFile(p, []byte(changed), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.CommandContext(ctx, "go", "test", "-count=1", "-run", "^TestSet$", "./modules/"+guideName+"/")
+		cmd.Dir, cmd.Env = dir, append(os.Environ(), "GOWORK=off")
+		out, err := cmd.CombinedOutput()
+		if err == nil || !bytes.Contains(out, []byte(tc.want)) {
+			t.Errorf("TestSet with %s changed: %v, want a failure saying %q:\n%s", tc.file, err, tc.want, out)
+		}
+		if err := os.WriteFile(p, was, 0o644); err != nil {
+			t.Fatal(err)
 		}
 	}
 

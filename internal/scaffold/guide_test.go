@@ -17,10 +17,12 @@ var guidePath = filepath.Join(repoRoot, "docs", "guide.md")
 
 // block is a code block of the guide that names its file: its info string
 // is "go file=PATH" or "sql file=PATH", followed by "part" when the block
-// shows a contiguous part of the file rather than all of it.
+// shows a contiguous part of the file rather than all of it; or a block of
+// what the command prints for the guide's module: "text output".
 type block struct {
-	file string
-	part bool
+	file   string
+	part   bool
+	output bool
 	// start and end delimit the block's lines in the guide: lines[start:end].
 	start, end int
 }
@@ -29,7 +31,8 @@ type block struct {
 // files Generate writes for the guide's module (or, for a file it does not
 // write, the repository's file): a whole block must equal its file, a part
 // must be a contiguous run of its lines. Every file of the module but its
-// tests must be shown. With -update it first rewrites the blocks from the
+// tests must be shown. An output block must be what the command prints
+// (Result.Summary). With -update it first rewrites the blocks from the
 // files.
 func TestGuide(t *testing.T) {
 	raw, err := os.ReadFile(guidePath)
@@ -41,8 +44,16 @@ func TestGuide(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	files := guideFiles(t)
-	source := func(path string) ([]string, error) {
+	planned := guidePlan(t)
+	files := map[string]string{}
+	for _, f := range planned.Files {
+		files[f.Path] = string(f.Content)
+	}
+	source := func(b block) ([]string, error) {
+		if b.output {
+			return strings.Split(strings.TrimSuffix(planned.Summary(), "\n"), "\n"), nil
+		}
+		path := b.file
 		content, ok := files[path]
 		if !ok {
 			b, err := os.ReadFile(filepath.Join(repoRoot, filepath.FromSlash(path)))
@@ -58,7 +69,7 @@ func TestGuide(t *testing.T) {
 		// From the last block up, so that earlier blocks keep their lines.
 		for i := len(blocks) - 1; i >= 0; i-- {
 			b := blocks[i]
-			src, err := source(b.file)
+			src, err := source(b)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -81,13 +92,16 @@ func TestGuide(t *testing.T) {
 	shown := map[string]bool{}
 	for _, b := range blocks {
 		shown[b.file] = true
-		src, err := source(b.file)
+		src, err := source(b)
 		if err != nil {
 			t.Errorf("guide line %d: %v", b.start, err)
 			continue
 		}
 		got := lines[b.start:b.end]
 		switch {
+		case b.output && !slices.Equal(got, src):
+			t.Errorf("guide line %d: the output block differs from what the command prints (run go test ./internal/scaffold -run TestGuide -update):\n%s",
+				b.start, firstDifference(got, src))
 		case !b.part && !slices.Equal(got, src):
 			t.Errorf("guide line %d: the block of %s differs from the file (run go test ./internal/scaffold -run TestGuide -update):\n%s",
 				b.start, b.file, firstDifference(got, src))
@@ -102,10 +116,10 @@ func TestGuide(t *testing.T) {
 	}
 }
 
-// guideFiles returns what Generate writes for the guide's module in this
-// repository, by path: it plans against a copy of go.mod and of the file
-// holding the marker, so that the repository itself is never written.
-func guideFiles(t *testing.T) map[string]string {
+// guidePlan returns what Generate writes for the guide's module in this
+// repository: it plans against a copy of go.mod and of the file holding the
+// marker, so that the repository itself is never written.
+func guidePlan(t *testing.T) Result {
 	t.Helper()
 	markers, err := findMarkers(repoRoot)
 	if err != nil {
@@ -126,11 +140,7 @@ func guideFiles(t *testing.T) map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	files := map[string]string{}
-	for _, f := range planned {
-		files[f.Path] = string(f.Content)
-	}
-	return files
+	return planned
 }
 
 // parseBlocks returns the guide's blocks that name a file, refusing a Go
@@ -157,6 +167,8 @@ func parseBlocks(lines []string) ([]block, error) {
 				b.file = strings.TrimPrefix(f, "file=")
 			case f == "part":
 				b.part = true
+			case f == "output":
+				b.output = true
 			default:
 				return nil, fmt.Errorf("guide line %d: unknown word %q in the info string", i+1, f)
 			}
@@ -168,7 +180,9 @@ func parseBlocks(lines []string) ([]block, error) {
 		switch {
 		case (lang == "go" || lang == "sql") && b.file == "":
 			return nil, fmt.Errorf("guide line %d: a %s block must name its file (```%s file=PATH)", i+1, lang, lang)
-		case b.file != "":
+		case b.output && (lang != "text" || b.file != "" || b.part):
+			return nil, fmt.Errorf("guide line %d: an output block is ```text output", i+1)
+		case b.file != "" || b.output:
 			blocks = append(blocks, b)
 		}
 		i = end
@@ -237,16 +251,16 @@ func firstDifference(got, want []string) string {
 }
 
 func TestParseBlocks(t *testing.T) {
-	lines := strings.Split("text\n```go file=a.go part\nx\n```\n```sh\nls\n```\n```sql file=b.sql\ny\n```\n", "\n")
+	lines := strings.Split("text\n```go file=a.go part\nx\n```\n```sh\nls\n```\n```sql file=b.sql\ny\n```\n```text output\nz\n```\n", "\n")
 	blocks, err := parseBlocks(lines)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []block{{file: "a.go", part: true, start: 2, end: 3}, {file: "b.sql", start: 8, end: 9}}
+	want := []block{{file: "a.go", part: true, start: 2, end: 3}, {file: "b.sql", start: 8, end: 9}, {output: true, start: 11, end: 12}}
 	if !slices.Equal(blocks, want) {
 		t.Errorf("parseBlocks = %+v, want %+v", blocks, want)
 	}
-	for _, bad := range []string{"```go\nx\n```\n", "```sql\ny\n```\n", "```go file=a.go whole\nx\n```\n", "```go file=a.go\nx\n"} {
+	for _, bad := range []string{"```go\nx\n```\n", "```sql\ny\n```\n", "```go file=a.go whole\nx\n```\n", "```go file=a.go\nx\n", "```go output\nx\n```\n", "```text output part\nx\n```\n"} {
 		if _, err := parseBlocks(strings.Split(bad, "\n")); err == nil {
 			t.Errorf("parseBlocks(%q) took it", bad)
 		}

@@ -124,6 +124,9 @@ var reservedLocal = map[string]bool{
 	"rt": true, "running": true, "status": true, "t": true, "tc": true, "tx": true, "w": true, "want": true,
 	"watch": true, "db": true, "body": true, "resp": true, "again": true, "created": true, "version": true,
 	"verr": true, "u": true, "n": true, "ok": true, "out": true, "method": true, "b": true, "code": true,
+	"saved": true, "loaded": true, "res": true, "change": true, "renamed": true, "get": true, "getter": true,
+	"set": true, "mount": true, "payload": true, "eventType": true, "q": true, "validateID": true,
+	"validateName": true, "migrations": true,
 }
 
 // predeclared are Go's predeclared identifiers.

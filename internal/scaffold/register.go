@@ -7,10 +7,10 @@ import (
 	"go/format"
 	"go/parser"
 	"go/token"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -22,29 +22,163 @@ import (
 const Marker = "// outboxmill:modules"
 
 // register returns the file of the tree's one marker with the module
-// registered before the marker.
-func register(root, modPath, name string) (File, error) {
+// registered before the marker, and how the module's tests reach the set
+// the marker is in.
+func register(root, modPath, name string) (File, markedSet, error) {
 	found, err := findMarkers(root)
 	if err != nil {
-		return File{}, err
+		return File{}, markedSet{}, err
 	}
 	switch len(found) {
 	case 0:
-		return File{}, fmt.Errorf("%w: no Go file under %s has the line %q: add it inside the module.Set literal that lists your modules (for example in modules/modules.go), then run again", ErrMarker, root, Marker)
+		return File{}, markedSet{}, fmt.Errorf("%w: no Go file under %s has the line %q: add it inside the module.Set literal that lists your modules (for example in modules/modules.go), then run again", ErrMarker, root, Marker)
 	case 1:
 	default:
-		return File{}, fmt.Errorf("%w: %d files have the line %q (%s): keep it in the one module.Set literal that lists your modules", ErrMarker, len(found), Marker, strings.Join(found, ", "))
+		return File{}, markedSet{}, fmt.Errorf("%w: %d files have the line %q (%s): keep it in the one module.Set literal that lists your modules", ErrMarker, len(found), Marker, strings.Join(found, ", "))
 	}
 	rel := found[0]
 	src, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(rel)))
 	if err != nil {
-		return File{}, err
+		return File{}, markedSet{}, err
 	}
 	out, err := addModule(src, rel, modPath+"/modules/"+name, name)
 	if err != nil {
-		return File{}, fmt.Errorf("register the module in %s: %w", rel, err)
+		return File{}, markedSet{}, fmt.Errorf("register the module in %s: %w", rel, err)
 	}
-	return File{Path: rel, Content: out, Registers: true}, nil
+	return File{Path: rel, Content: out, Registers: true, original: src}, findSet(src, rel, modPath, name), nil
+}
+
+// markedSet says how a test of the new module reaches the module set the
+// marker is in: Expr (with Import, the import spec of its package) when a
+// test can, or why not.
+type markedSet struct {
+	// File is the file of the marker.
+	File string
+	// Import is the import spec of the set's package: its path, after an
+	// import name when the package's own would clash.
+	Import string
+	// Expr is the Go expression of the set, of type module.Set, in a file
+	// importing Import.
+	Expr string
+	// WhyNot says, when Expr is empty, why a test cannot reach the set.
+	WhyNot string
+}
+
+// setNames are the names the new module's module_test.go imports or
+// declares; the set's package is imported under another.
+var setNames = map[string]bool{"http": true, "testing": true, "module": true, "outboxtest": true, "set": true, "db": true, "mux": true, "m": true, "t": true, "r": true, "rt": true, "mount": true}
+
+// findSet returns how the new module name's tests reach the set of the
+// marker in src (the file rel of module modPath): an exported function
+// without parameters returning module.Set or []module.Module, or an
+// exported package variable of either type, whose declaration holds the
+// marker, in a package other than main that modules/name may import.
+func findSet(src []byte, rel, modPath, name string) markedSet {
+	ms := markedSet{File: rel}
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, rel, src, parser.SkipObjectResolution)
+	if err != nil {
+		ms.WhyNot = err.Error()
+		return ms
+	}
+	dir := path.Dir(rel)
+	importPath := modPath
+	if dir != "." {
+		importPath = modPath + "/" + dir
+	}
+	if f.Name.Name == "main" {
+		ms.WhyNot = "it is in package main, which no package can import"
+		return ms
+	}
+	parts := strings.Split(dir, "/")
+	if i := slices.Index(parts, "internal"); i >= 0 {
+		if parent := strings.Join(parts[:i], "/"); parent != "" && !strings.HasPrefix("modules/"+name, parent+"/") {
+			ms.WhyNot = fmt.Sprintf("its package %s is internal to %s", importPath, parent)
+			return ms
+		}
+	}
+	pkg, spec := f.Name.Name, strconv.Quote(importPath)
+	if setNames[pkg] || pkg == strings.ToLower(name)+"module" || token.IsKeyword(pkg) {
+		pkg += "set"
+		spec = pkg + " " + spec
+	}
+
+	moduleName := ""
+	for _, imp := range f.Imports {
+		if p, _ := strconv.Unquote(imp.Path.Value); p == FrameworkPath+"/module" {
+			moduleName = "module"
+			if imp.Name != nil {
+				moduleName = imp.Name.Name
+			}
+		}
+	}
+	// kind returns "set" for module.Set, "slice" for []module.Module, ""
+	// for any other type.
+	kind := func(e ast.Expr) string {
+		want, k := "Set", "set"
+		if a, ok := e.(*ast.ArrayType); ok && a.Len == nil {
+			e, want, k = a.Elt, "Module", "slice"
+		}
+		if sel, ok := e.(*ast.SelectorExpr); ok && sel.Sel.Name == want {
+			if x, ok := sel.X.(*ast.Ident); ok && x.Name == moduleName {
+				return k
+			}
+		}
+		return ""
+	}
+	offset := 0
+	for _, l := range strings.Split(string(src), "\n")[:markerLine(src)] {
+		offset += len(l) + 1
+	}
+	at := fset.File(f.Package).Pos(offset)
+
+	var expr, k string
+	for _, decl := range f.Decls {
+		if at < decl.Pos() || at >= decl.End() {
+			continue
+		}
+		switch d := decl.(type) {
+		case *ast.FuncDecl:
+			switch {
+			case d.Recv != nil || !d.Name.IsExported() || d.Type.TypeParams != nil:
+				ms.WhyNot = fmt.Sprintf("the marker is in %s, which is not an exported function", d.Name.Name)
+			case d.Type.Params.NumFields() > 0 || d.Type.Results.NumFields() != 1:
+				ms.WhyNot = fmt.Sprintf("the marker is in %s, which is not a function without parameters returning module.Set", d.Name.Name)
+			default:
+				expr, k = pkg+"."+d.Name.Name+"()", kind(d.Type.Results.List[0].Type)
+			}
+		case *ast.GenDecl:
+			for _, s := range d.Specs {
+				vs, ok := s.(*ast.ValueSpec)
+				if !ok || at < vs.Pos() || at >= vs.End() {
+					continue
+				}
+				if d.Tok != token.VAR || len(vs.Names) != 1 || !vs.Names[0].IsExported() {
+					ms.WhyNot = "the marker is not in an exported variable or function"
+					continue
+				}
+				expr = pkg + "." + vs.Names[0].Name
+				if vs.Type != nil {
+					k = kind(vs.Type)
+				} else if len(vs.Values) == 1 {
+					if lit, ok := vs.Values[0].(*ast.CompositeLit); ok && lit.Type != nil {
+						k = kind(lit.Type)
+					}
+				}
+			}
+		}
+	}
+	switch {
+	case expr == "" && ms.WhyNot == "":
+		ms.WhyNot = "the marker is not in an exported variable or function"
+	case expr != "" && k == "":
+		ms.WhyNot = fmt.Sprintf("the marker is in %s, which is not of type module.Set", strings.TrimSuffix(expr, "()"))
+	case k == "slice":
+		ms.Import, ms.Expr = spec, "module.Set("+expr+")"
+	case k == "set":
+		ms.Import, ms.Expr = spec, expr
+	}
+	return ms
 }
 
 // findMarkers returns the slash-separated paths, under root, of the Go
@@ -52,24 +186,8 @@ func register(root, modPath, name string) (File, error) {
 // testdata, vendor and nested modules.
 func findMarkers(root string) ([]string, error) {
 	var found []string
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		name := d.Name()
-		if d.IsDir() {
-			if p == root {
-				return nil
-			}
-			if strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" || name == "vendor" {
-				return filepath.SkipDir
-			}
-			if _, err := os.Stat(filepath.Join(p, "go.mod")); err == nil {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
+	err := walkTree(root, func(p, rel string) error {
+		if !strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, "_test.go") {
 			return nil
 		}
 		b, err := os.ReadFile(p)
@@ -77,11 +195,7 @@ func findMarkers(root string) ([]string, error) {
 			return err
 		}
 		if markerLine(b) >= 0 {
-			rel, err := filepath.Rel(root, p)
-			if err != nil {
-				return err
-			}
-			found = append(found, filepath.ToSlash(rel))
+			found = append(found, rel)
 		}
 		return nil
 	})

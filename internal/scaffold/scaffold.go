@@ -1,14 +1,19 @@
 // Package scaffold generates the skeleton of a module into a Go module that
-// uses Outboxmill: an aggregate with one behaviour and its event, their
-// declaration, a repository through the unit of work, a consumer handler, an
-// HTTP API, migrations, tests against the real servers (with outboxtest),
-// and the module's registration in the module.Set that carries the marker
-// comment (Marker). cmd/outboxmill runs it ("outboxmill new module NAME");
-// docs/guide.md walks through what it writes.
+// uses Outboxmill: an aggregate that New creates and Rename changes, their
+// events and declaration, a repository through the unit of work (Add, and
+// Update with optimistic concurrency), a consumer handler, an HTTP API,
+// migrations, tests against the real servers (with outboxtest: the
+// producer contract on the repository, the handler run in a process, the
+// whole module set checked), and the module's registration in the
+// module.Set that carries the marker comment (Marker). cmd/outboxmill runs
+// it ("outboxmill new module NAME"); docs/guide.md walks through what it
+// writes.
 //
 // Generate writes nothing unless every check passes: a valid module and
 // aggregate name, a go.mod above the directory given, exactly one marker in
-// the tree, and no file that would be overwritten.
+// the tree, no file that would be overwritten, and no table, route or
+// module name of the tree's application that the module's would clash
+// with. A Generate that fails after the checks undoes what it wrote.
 package scaffold
 
 import (
@@ -22,6 +27,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/template"
@@ -41,6 +47,12 @@ var (
 	ErrExists = errors.New("would overwrite")
 	// ErrMarker is returned when the tree has no marker, or several.
 	ErrMarker = errors.New("module registration marker")
+	// ErrTaken refuses a module name whose tables, routes or module the
+	// tree's application has already.
+	ErrTaken = errors.New("name taken")
+	// ErrChanged is returned when the file of the marker changed between
+	// the checks and its rewrite: Generate then undoes what it wrote.
+	ErrChanged = errors.New("changed while generating")
 )
 
 // Options says what to generate and where.
@@ -68,37 +80,98 @@ type File struct {
 	// Registers reports that the file exists and Content replaces it: the
 	// file of the marker, with the module added before the marker.
 	Registers bool
+
+	// original is the content a Registers file had when it was planned.
+	original []byte
+}
+
+// Result is what Generate wrote, or Plan would write.
+type Result struct {
+	// Root is the root directory of the Go module generated into.
+	Root string
+	// ModulePath is the module path its go.mod declares.
+	ModulePath string
+	// Name is the generated module's name.
+	Name string
+	// Files are the files of the module, then the file of the marker.
+	Files []File
+}
+
+// Summary returns what "outboxmill new module" prints once r is written:
+// the files, where the module was registered, and what to run next.
+func (r Result) Summary() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "module %s written:\n", r.Name)
+	var registered string
+	var pkgs []string
+	for _, f := range r.Files {
+		if f.Registers {
+			registered = f.Path
+			continue
+		}
+		fmt.Fprintf(&b, "  %s\n", f.Path)
+		if layer, _, _ := strings.Cut(f.Path, "/"+r.Name+"/"); !slices.Contains(pkgs, "./"+layer+"/"+r.Name+"/...") {
+			pkgs = append(pkgs, "./"+layer+"/"+r.Name+"/...")
+		}
+	}
+	fmt.Fprintf(&b, "registered in %s\n\nnext:\n  go vet ./... && go test -p 1 %s\n", registered, strings.Join(pkgs, " "))
+	if r.ModulePath == FrameworkPath {
+		fmt.Fprintf(&b, "  go run ./cmd/monolith -modules %s\n", r.Name)
+	} else {
+		fmt.Fprintf(&b, "  run it with -modules %s in the command that runs the set of %s\n", r.Name, registered)
+	}
+	return b.String()
 }
 
 // Generate checks opts, then writes the module's skeleton under the root of
-// the Go module and registers the module before the marker. It returns the
-// files written. On any refusal it writes nothing; if a write fails it
-// removes the files it created.
-func Generate(opts Options) ([]File, error) {
-	root, files, err := plan(opts)
+// the Go module and registers the module before the marker. On any refusal
+// it writes nothing. If a write fails, or the marker's file changed since
+// the checks (ErrChanged), it removes the files and directories it created
+// and leaves the marker's file as it is.
+func Generate(opts Options) (Result, error) {
+	r, err := plan(opts)
 	if err != nil {
-		return nil, err
+		return Result{}, err
 	}
-	var created []string
-	undo := func() {
-		for i := len(created) - 1; i >= 0; i-- {
-			os.Remove(created[i])
+	if err := apply(r); err != nil {
+		return Result{}, err
+	}
+	return r, nil
+}
+
+// Plan returns what Generate would write for opts, after the same checks,
+// and writes nothing.
+func Plan(opts Options) (Result, error) {
+	return plan(opts)
+}
+
+// apply writes r's files: the new ones first, each created (never
+// overwriting), then the marker's file, replaced through a temporary file
+// and a rename once it is checked to be as planned. On an error it removes
+// what it created, files and directories, in reverse order.
+func apply(r Result) (err error) {
+	var created []string // files and directories, in the order created
+	defer func() {
+		if err != nil {
+			for i := len(created) - 1; i >= 0; i-- {
+				os.Remove(created[i])
+			}
 		}
-	}
-	for _, f := range files {
-		p := filepath.Join(root, filepath.FromSlash(f.Path))
+	}()
+	for _, f := range r.Files {
 		if f.Registers {
 			continue
 		}
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			undo()
-			return nil, err
+		p := filepath.Join(r.Root, filepath.FromSlash(f.Path))
+		dirs, err := mkdirs(filepath.Dir(p))
+		created = append(created, dirs...)
+		if err != nil {
+			return err
 		}
 		// O_EXCL: a file that appeared since the checks is not overwritten.
 		out, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 		if err != nil {
-			undo()
-			return nil, fmt.Errorf("%w: %w", ErrExists, err)
+			return fmt.Errorf("%w: %w", ErrExists, err)
 		}
 		created = append(created, p)
 		_, err = out.Write(f.Content)
@@ -106,43 +179,87 @@ func Generate(opts Options) ([]File, error) {
 			err = cerr
 		}
 		if err != nil {
-			undo()
+			return err
+		}
+	}
+	for _, f := range r.Files {
+		if f.Registers {
+			if err := replace(filepath.Join(r.Root, filepath.FromSlash(f.Path)), f.original, f.Content); err != nil {
+				return fmt.Errorf("register the module in %s: %w", f.Path, err)
+			}
+		}
+	}
+	return nil
+}
+
+// mkdirs creates dir and its missing parents, and returns those it
+// created, parents first, also when it fails part way.
+func mkdirs(dir string) ([]string, error) {
+	var missing []string
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil {
+			break
+		} else if !errors.Is(err, os.ErrNotExist) {
 			return nil, err
 		}
-	}
-	for _, f := range files {
-		if f.Registers {
-			p := filepath.Join(root, filepath.FromSlash(f.Path))
-			info, err := os.Stat(p)
-			if err == nil {
-				err = os.WriteFile(p, f.Content, info.Mode().Perm())
-			}
-			if err != nil {
-				undo()
-				return nil, fmt.Errorf("register the module in %s: %w", f.Path, err)
-			}
+		missing = append(missing, d)
+		if filepath.Dir(d) == d {
+			break
 		}
 	}
-	return files, nil
+	var created []string
+	for i := len(missing) - 1; i >= 0; i-- {
+		if err := os.Mkdir(missing[i], 0o755); err != nil {
+			return created, err
+		}
+		created = append(created, missing[i])
+	}
+	return created, nil
 }
 
-// Plan returns the files Generate would write for opts, after the same
-// checks, and writes nothing.
-func Plan(opts Options) ([]File, error) {
-	_, files, err := plan(opts)
-	return files, err
+// replace replaces the file p with content, if it still holds was: through
+// a temporary file beside it, renamed over it, so that the file is never
+// seen half written and keeps its mode.
+func replace(p string, was, content []byte) error {
+	info, err := os.Stat(p)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // after the rename, there is none
+	_, err = tmp.Write(content)
+	if err == nil {
+		err = tmp.Chmod(info.Mode().Perm())
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	now, err := os.ReadFile(p)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(now, was) {
+		return fmt.Errorf("%w: the file was edited since the module was planned; run the command again", ErrChanged)
+	}
+	return os.Rename(tmp.Name(), p)
 }
 
-// plan checks opts and renders the files, returning the module's root.
-func plan(opts Options) (string, []File, error) {
+// plan checks opts and renders the files.
+func plan(opts Options) (Result, error) {
 	if err := checkName(opts.Name); err != nil {
-		return "", nil, err
+		return Result{}, err
 	}
 	if opts.Aggregate == "" {
 		opts.Aggregate = defaultAggregate(opts.Name)
 	}
 	if err := checkAggregate(opts.Aggregate); err != nil {
-		return "", nil, err
+		return Result{}, err
 	}
 	dir := opts.Root
 	if dir == "" {
@@ -150,30 +267,34 @@ func plan(opts Options) (string, []File, error) {
 	}
 	root, modPath, err := findModule(dir)
 	if err != nil {
-		return "", nil, err
+		return Result{}, err
 	}
 	for _, layer := range []string{"domain", "adapters", "handlers", "modules"} {
 		if pkg := path.Join(layer, opts.Name); hasGoFiles(filepath.Join(root, filepath.FromSlash(pkg))) {
-			return "", nil, fmt.Errorf("%w: package %s exists: pick another module name", ErrExists, pkg)
+			return Result{}, fmt.Errorf("%w: package %s exists: pick another module name", ErrExists, pkg)
 		}
 	}
 	d := newData(modPath, opts.Name, opts.Aggregate)
+	if err := checkTaken(root, modPath, d); err != nil {
+		return Result{}, err
+	}
+	reg, set, err := register(root, modPath, opts.Name)
+	if err != nil {
+		return Result{}, err
+	}
+	d.Set = set
 	files, err := render(d)
 	if err != nil {
-		return "", nil, err
+		return Result{}, err
 	}
 	for _, f := range files {
 		if _, err := os.Lstat(filepath.Join(root, filepath.FromSlash(f.Path))); err == nil {
-			return "", nil, fmt.Errorf("%w: %s exists", ErrExists, f.Path)
+			return Result{}, fmt.Errorf("%w: %s exists", ErrExists, f.Path)
 		} else if !errors.Is(err, os.ErrNotExist) {
-			return "", nil, err
+			return Result{}, err
 		}
 	}
-	reg, err := register(root, modPath, opts.Name)
-	if err != nil {
-		return "", nil, err
-	}
-	return root, append(files, reg), nil
+	return Result{Root: root, ModulePath: modPath, Name: opts.Name, Files: append(files, reg)}, nil
 }
 
 // findModule returns the nearest directory at or above dir holding go.mod,
@@ -276,6 +397,8 @@ type data struct {
 	Handler string
 	// Table and FeedTable are the module's tables.
 	Table, FeedTable string
+	// Set is how the module's tests reach the set it is registered in.
+	Set markedSet
 }
 
 func newData(modPath, name, aggregate string) data {
