@@ -50,7 +50,7 @@ func refuses(t *testing.T, dir string, port int) {
 			t.Logf("port %d: the dial connected to itself; nothing listens there", port)
 			return
 		}
-		pids := listeners(t, port)
+		pids := listeningProcesses(port)
 		ours := markedProcesses(dir, false)
 		for _, pid := range pids {
 			if slices.Contains(ours, pid) {
@@ -66,45 +66,6 @@ func refuses(t *testing.T, dir string, port int) {
 		t.Logf("port %d accepted a connection, but no process listens there now; looking again", port)
 	}
 	t.Errorf("port %d kept accepting connections, and no listening process was found", port)
-}
-
-// listeners returns the processes holding a socket that listens on
-// 127.0.0.1 or any address at port, from /proc.
-func listeners(t *testing.T, port int) []int {
-	t.Helper()
-	inodes := map[string]bool{}
-	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-		data, err := os.ReadFile(table)
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(data), "\n")[1:] {
-			f := strings.Fields(line)
-			// sl local_address rem_address st ... inode (field 9)
-			if len(f) < 10 || f[3] != "0A" {
-				continue
-			}
-			if i := strings.LastIndexByte(f[1], ':'); i >= 0 && f[1][i+1:] == fmt.Sprintf("%04X", port) {
-				inodes["socket:["+f[9]+"]"] = true
-			}
-		}
-	}
-	var pids []int
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		pid, err := strconv.Atoi(p.Name())
-		if err != nil {
-			continue
-		}
-		fds, _ := os.ReadDir("/proc/" + p.Name() + "/fd")
-		for _, fd := range fds {
-			if link, err := os.Readlink("/proc/" + p.Name() + "/fd/" + fd.Name()); err == nil && inodes[link] {
-				pids = append(pids, pid)
-				break
-			}
-		}
-	}
-	return pids
 }
 
 func pgExec(t *testing.T, url, sql string, args ...any) {

@@ -229,8 +229,10 @@ func (p *Postgres) ping() error {
 		return err
 	}
 	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "SELECT 1")
-	return err
+	if _, err = conn.Exec(ctx, "SELECT 1"); err != nil {
+		return err
+	}
+	return listensHere(p.root, p.Port)
 }
 
 // AdminURL is the URL of the postgres database as the superuser postgres.

@@ -2,12 +2,14 @@ package instance
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -372,4 +374,60 @@ func pollUntil(p *process, timeout, interval time.Duration, ready func() error) 
 		case <-time.After(interval):
 		}
 	}
+}
+
+// listeningProcesses returns the processes holding a socket that listens
+// on 127.0.0.1 or any address at TCP port, from /proc.
+func listeningProcesses(port int) []int {
+	inodes := map[string]bool{}
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		data, err := os.ReadFile(table)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n")[1:] {
+			f := strings.Fields(line)
+			// sl local_address rem_address st ... inode (field 9)
+			if len(f) < 10 || f[3] != "0A" {
+				continue
+			}
+			if i := strings.LastIndexByte(f[1], ':'); i >= 0 && f[1][i+1:] == fmt.Sprintf("%04X", port) {
+				inodes["socket:["+f[9]+"]"] = true
+			}
+		}
+	}
+	var pids []int
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		fds, _ := os.ReadDir("/proc/" + p.Name() + "/fd")
+		for _, fd := range fds {
+			if link, err := os.Readlink("/proc/" + p.Name() + "/fd/" + fd.Name()); err == nil && inodes[link] {
+				pids = append(pids, pid)
+				break
+			}
+		}
+	}
+	return pids
+}
+
+// errNotOurs means a server answered on an instance's port, but the
+// listener is not a process of the instance: another test's server took
+// the port, picked at the same time in another process, and the
+// instance's own server failed to bind it.
+var errNotOurs = errors.New("the listener on the port is not a process of the instance")
+
+// listensHere returns nil if a process of the instance in dir listens on
+// port, errNotOurs otherwise.
+func listensHere(dir string, port int) error {
+	ours := markedProcesses(dir, false)
+	for _, pid := range listeningProcesses(port) {
+		if slices.Contains(ours, pid) {
+			return nil
+		}
+	}
+	return fmt.Errorf("port %d: %w", port, errNotOurs)
 }

@@ -352,7 +352,10 @@ func (r *Rabbit) ping() error {
 	if err != nil {
 		return err
 	}
-	return ch.Close()
+	if err := ch.Close(); err != nil {
+		return err
+	}
+	return listensHere(r.Dir, r.Port)
 }
 
 // URL is the node's AMQP URL as guest, default virtual host.
