@@ -3,39 +3,27 @@ package outboxtest
 import (
 	"bufio"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/url"
 	"sync"
-	"time"
+
+	"github.com/outboxmill/outboxmill/internal/tcpproxy"
 )
 
-// proxy is a TCP proxy a test owns, put between the process it runs and a
-// server, so that an outage hits that process's connections alone: down
-// closes every connection at once and refuses new ones until up. With
-// tap set it also reads the AMQP 0-9-1 frames passing through, to count the
-// deliveries the process holds unacknowledged (the broker's
-// messages_unacknowledged, which AMQP itself cannot ask for).
+// proxy is a TCP proxy a test owns (internal/tcpproxy), put between the
+// process it runs and a server, so that an outage hits that process's
+// connections alone. With tap set it also reads the AMQP 0-9-1 frames
+// passing through, to count the deliveries the process holds
+// unacknowledged (the broker's messages_unacknowledged, which AMQP itself
+// cannot ask for).
 type proxy struct {
-	target   string
-	listener net.Listener
-	tap      bool
+	*tcpproxy.Proxy
 
 	mu      sync.Mutex
-	down    bool
-	closed  bool // no goroutine starts once set: close waits for them
-	conns   map[*proxyConn]struct{}
-	changes uint64 // deliveries, settlements and cuts seen, to tell a still state
-	wg      sync.WaitGroup
-}
-
-// proxyConn is one proxied connection and, when tapped, the AMQP state
-// read from it (guarded by the proxy's mu).
-type proxyConn struct {
-	client, server net.Conn
-	channels       map[uint16]*amqpChannel
+	conns   map[net.Conn]map[uint16]*amqpChannel // by client side: the AMQP state read from it
+	changes uint64                               // deliveries, settlements and cuts seen, to tell a still state
 }
 
 // amqpChannel is what a tapped proxy knows of one AMQP channel.
@@ -50,19 +38,6 @@ type consumer struct {
 	noAck bool
 }
 
-// newProxy listens on a free loopback port and forwards each connection to
-// target (host:port).
-func newProxy(target string, tap bool) (*proxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("proxy: listen: %w", err)
-	}
-	p := &proxy{target: target, listener: ln, tap: tap, conns: map[*proxyConn]struct{}{}}
-	p.wg.Add(1)
-	go p.accept()
-	return p, nil
-}
-
 // proxyFor starts a proxy in front of the server rawURL (amqp:// or
 // postgres://) names and returns it with rawURL rewritten to go through
 // it.
@@ -71,77 +46,45 @@ func proxyFor(rawURL string, tap bool) (*proxy, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("proxy: parse URL: %w", err)
 	}
-	target := u.Host
-	if u.Port() == "" {
-		port, ok := map[string]string{"amqp": "5672", "postgres": "5432", "postgresql": "5432"}[u.Scheme]
-		if !ok {
-			return nil, "", fmt.Errorf("proxy: a %s URL cannot be proxied (want amqp:// or postgres://)", u.Scheme)
-		}
-		target = net.JoinHostPort(u.Hostname(), port)
+	if s := u.Scheme; s != "amqp" && s != "postgres" && s != "postgresql" {
+		return nil, "", fmt.Errorf("proxy: a %s URL cannot be proxied (want amqp:// or postgres://)", s)
 	}
-	p, err := newProxy(target, tap)
-	if err != nil {
+	p := &proxy{conns: map[net.Conn]map[uint16]*amqpChannel{}}
+	opts := []tcpproxy.Option{tcpproxy.WithOnClose(p.forget)}
+	if tap {
+		opts = append(opts, tcpproxy.WithPipe(p.pipeFrames))
+	}
+	var proxied string
+	if p.Proxy, proxied, err = tcpproxy.For(rawURL, opts...); err != nil {
 		return nil, "", err
 	}
-	u.Host = p.listener.Addr().String()
-	return p, u.String(), nil
+	return p, proxied, nil
 }
 
-// cut closes every proxied connection and, with stayDown, refuses new ones
+// cut resets every proxied connection and, with stayDown, refuses new ones
 // until up. It returns how many connections it closed.
 func (p *proxy) cut(stayDown bool) int {
 	p.mu.Lock()
-	if stayDown {
-		p.down = true
-	}
-	var sockets []net.Conn
-	for c := range p.conns {
-		sockets = append(sockets, c.client)
-		if c.server != nil {
-			sockets = append(sockets, c.server)
-		}
-	}
-	n := len(p.conns)
-	p.conns = map[*proxyConn]struct{}{}
 	p.changes++
 	p.mu.Unlock()
-	for _, s := range sockets {
-		closeHard(s)
+	if stayDown {
+		return p.Down()
 	}
-	return n
+	return p.Cut()
 }
 
 // up accepts connections again.
-func (p *proxy) up() {
-	p.mu.Lock()
-	p.down = false
-	p.mu.Unlock()
-}
+func (p *proxy) up() { p.Up() }
 
 // open returns how many connections the proxy carries now.
-func (p *proxy) open() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.conns)
-}
+func (p *proxy) open() int { return p.Stats().Open }
 
 // isDown reports whether the proxy refuses connections.
-func (p *proxy) isDown() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.down
-}
+func (p *proxy) isDown() bool { return p.Stats().Down }
 
 // close stops listening, closes every connection and waits for the
 // proxy's goroutines.
-func (p *proxy) close() {
-	p.mu.Lock()
-	p.closed = true
-	p.mu.Unlock()
-	_ = p.listener.Close()
-	p.cut(true)
-	p.wg.Wait()
-}
+func (p *proxy) close() { _ = p.Close() }
 
 // unacked returns the deliveries held unacknowledged through the proxy,
 // by queue, and a counter that changes whenever a delivery, a settlement
@@ -150,8 +93,8 @@ func (p *proxy) unacked() (map[string]int, uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := map[string]int{}
-	for c := range p.conns {
-		for _, ch := range c.channels {
+	for _, channels := range p.conns {
+		for _, ch := range channels {
 			for _, q := range ch.unacked {
 				out[q]++
 			}
@@ -160,85 +103,15 @@ func (p *proxy) unacked() (map[string]int, uint64) {
 	return out, p.changes
 }
 
-func (p *proxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.listener.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			time.Sleep(10 * time.Millisecond) // a transient accept error (too many files)
-			continue
-		}
-		pc := &proxyConn{client: c, channels: map[uint16]*amqpChannel{}}
-		p.mu.Lock()
-		if p.down || p.closed {
-			p.mu.Unlock()
-			closeHard(c)
-			continue
-		}
-		p.conns[pc] = struct{}{}
-		p.wg.Add(1) // under mu: never after close began waiting
-		p.mu.Unlock()
-		go p.serve(pc)
-	}
-}
-
-// closeHard closes c with a TCP reset, as a crashed peer would.
-func closeHard(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0)
-	}
-	_ = c.Close()
-}
-
-func (p *proxy) serve(pc *proxyConn) {
-	defer p.wg.Done()
-	defer p.forget(pc)
-	server, err := net.DialTimeout("tcp", p.target, 10*time.Second)
-	if err != nil {
-		closeHard(pc.client)
-		return
-	}
+// forget drops what a closed connection held: the broker requeues the
+// deliveries of a connection that closed.
+func (p *proxy) forget(client net.Conn) {
 	p.mu.Lock()
-	if _, open := p.conns[pc]; !open {
-		p.mu.Unlock() // cut while dialling
-		closeHard(pc.client)
-		_ = server.Close()
-		return
+	defer p.mu.Unlock()
+	if _, ok := p.conns[client]; ok {
+		delete(p.conns, client)
 	}
-	pc.server = server
-	p.mu.Unlock()
-
-	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn, fromClient bool) {
-		if p.tap {
-			p.pipeFrames(pc, dst, src, fromClient)
-		} else {
-			_, _ = io.Copy(dst, src)
-		}
-		// Either side ending ends both, as a broken connection would.
-		_ = dst.Close()
-		_ = src.Close()
-		done <- struct{}{}
-	}
-	go pipe(server, pc.client, true)
-	go pipe(pc.client, server, false)
-	<-done
-	<-done
-}
-
-// forget drops pc and what it held: the broker requeues the deliveries of
-// a connection that closed.
-func (p *proxy) forget(pc *proxyConn) {
-	p.mu.Lock()
-	if _, ok := p.conns[pc]; ok {
-		delete(p.conns, pc)
-		p.changes++
-	}
-	p.mu.Unlock()
-	_ = pc.client.Close()
+	p.changes++
 }
 
 // AMQP 0-9-1 frame types, classes and methods the tap reads.
@@ -265,7 +138,7 @@ const (
 // pipeFrames copies src to dst frame by frame, reading the methods that
 // change which deliveries are unacknowledged. A stream it cannot read as
 // AMQP is copied as it is.
-func (p *proxy) pipeFrames(pc *proxyConn, dst, src net.Conn, fromClient bool) {
+func (p *proxy) pipeFrames(client, dst, src net.Conn, fromClient bool) {
 	r := bufio.NewReaderSize(src, 64<<10)
 	if fromClient {
 		// The protocol header: "AMQP" 0 0 9 1.
@@ -298,7 +171,7 @@ func (p *proxy) pipeFrames(pc *proxyConn, dst, src net.Conn, fromClient bool) {
 			return
 		}
 		if head[0] == frameMethod && buf[len(buf)-1] == frameEnd {
-			p.method(pc, binary.BigEndian.Uint16(head[1:3]), buf[7:7+size], fromClient)
+			p.method(client, binary.BigEndian.Uint16(head[1:3]), buf[7:7+size], fromClient)
 		}
 		if _, err := dst.Write(buf); err != nil {
 			return
@@ -308,7 +181,7 @@ func (p *proxy) pipeFrames(pc *proxyConn, dst, src net.Conn, fromClient bool) {
 
 // method applies one method frame's effect on the unacknowledged
 // deliveries of channel chID.
-func (p *proxy) method(pc *proxyConn, chID uint16, payload []byte, fromClient bool) {
+func (p *proxy) method(client net.Conn, chID uint16, payload []byte, fromClient bool) {
 	if len(payload) < 4 {
 		return
 	}
@@ -316,20 +189,23 @@ func (p *proxy) method(pc *proxyConn, chID uint16, payload []byte, fromClient bo
 	args := payload[4:]
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	ch := pc.channels[chID]
+	channels := p.conns[client]
+	if channels == nil {
+		channels = map[uint16]*amqpChannel{}
+		p.conns[client] = channels
+	}
+	ch := channels[chID]
 	if ch == nil {
 		ch = &amqpChannel{consumers: map[string]consumer{}, unacked: map[uint64]string{}}
-		pc.channels[chID] = ch
+		channels[chID] = ch
 	}
 	switch {
 	case class == classConnection && meth == methodConnectionCloseOK:
-		for id := range pc.channels {
-			delete(pc.channels, id)
-		}
+		clear(channels)
 		p.changes++
 	case class == classChannel && (meth == methodChannelOpen || meth == methodChannelCloseOK):
 		// A closed channel's deliveries go back to their queues.
-		delete(pc.channels, chID)
+		delete(channels, chID)
 		p.changes++
 	case class == classBasic && meth == methodBasicConsume && fromClient:
 		// reserved short, queue shortstr, consumer-tag shortstr, bits.

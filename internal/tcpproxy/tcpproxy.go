@@ -19,6 +19,8 @@ import (
 type Proxy struct {
 	target   string
 	listener net.Listener
+	pipe     Pipe           // nil: bytes are copied as they are
+	onClose  func(net.Conn) // nil: nothing to tell
 
 	mu       sync.Mutex
 	held     chan struct{} // open while Hold holds the server's bytes back
@@ -39,16 +41,41 @@ type Stats struct {
 	Refused int
 	// Open is the number of proxied connections open now.
 	Open int
+	// Down reports whether the proxy refuses connections (Down until Up).
+	Down bool
+}
+
+// Pipe copies one direction of a proxied connection, from src to dst,
+// until either fails: client is the connection's client side, the same for
+// both directions, and fromClient says which direction this is. A test that
+// reads a protocol passing through (outboxtest reads AMQP's frames) sets
+// one with WithPipe.
+type Pipe func(client, dst, src net.Conn, fromClient bool)
+
+// Option configures a proxy at New or For.
+type Option func(*Proxy)
+
+// WithPipe copies both directions of every connection with pipe instead of
+// as they are; Hold then has no effect.
+func WithPipe(pipe Pipe) Option { return func(p *Proxy) { p.pipe = pipe } }
+
+// WithOnClose calls onClose with a connection's client side once the
+// connection is closed, whoever closed it.
+func WithOnClose(onClose func(client net.Conn)) Option {
+	return func(p *Proxy) { p.onClose = onClose }
 }
 
 // New listens on a free local port and forwards each connection to
 // target (host:port).
-func New(target string) (*Proxy, error) {
+func New(target string, opts ...Option) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("proxy: listen: %w", err)
 	}
 	p := &Proxy{target: target, listener: ln, conns: map[net.Conn]net.Conn{}}
+	for _, o := range opts {
+		o(p)
+	}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -60,7 +87,7 @@ func (p *Proxy) Addr() string { return p.listener.Addr().String() }
 // For starts a proxy in front of the server rawURL (an amqp:// or
 // postgres:// URL, or any URL with a host) points at, and returns it with
 // rawURL rewritten to go through it.
-func For(rawURL string) (*Proxy, string, error) {
+func For(rawURL string, opts ...Option) (*Proxy, string, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, "", fmt.Errorf("proxy for %q: %w", rawURL, err)
@@ -73,7 +100,7 @@ func For(rawURL string) (*Proxy, string, error) {
 		}
 		target = net.JoinHostPort(u.Hostname(), port)
 	}
-	p, err := New(target)
+	p, err := New(target, opts...)
 	if err != nil {
 		return nil, "", err
 	}
@@ -86,13 +113,28 @@ func For(rawURL string) (*Proxy, string, error) {
 func (p *Proxy) Down() int {
 	p.mu.Lock()
 	p.down = true
+	p.mu.Unlock()
+	return p.closeAll(false)
+}
+
+// Cut resets every proxied connection (a TCP reset, as a crashed peer
+// sends) and goes on accepting new ones. It returns how many it reset.
+func (p *Proxy) Cut() int { return p.closeAll(true) }
+
+// closeAll closes every proxied connection, with a reset when hard.
+func (p *Proxy) closeAll(hard bool) int {
+	p.mu.Lock()
 	conns := p.conns
 	p.conns = map[net.Conn]net.Conn{}
 	p.mu.Unlock()
+	shut := (net.Conn).Close
+	if hard {
+		shut = func(c net.Conn) error { reset(c); return nil }
+	}
 	for client, server := range conns {
-		_ = client.Close()
+		_ = shut(client)
 		if server != nil {
-			_ = server.Close()
+			_ = shut(server)
 		}
 	}
 	p.Release() // bytes held back have no connection to go to
@@ -140,7 +182,7 @@ func (p *Proxy) Up() {
 func (p *Proxy) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return Stats{Accepted: p.accepted, Refused: p.refused, Open: len(p.conns)}
+	return Stats{Accepted: p.accepted, Refused: p.refused, Open: len(p.conns), Down: p.down}
 }
 
 // Close stops listening, closes every connection and waits for the proxy's
@@ -176,8 +218,8 @@ func (p *Proxy) accept() {
 		}
 		p.accepted++
 		p.conns[c] = nil
+		p.wg.Add(1) // under mu: never after Close began waiting
 		p.mu.Unlock()
-		p.wg.Add(1)
 		go p.serve(c)
 	}
 }
@@ -211,14 +253,24 @@ func (p *Proxy) serve(client net.Conn) {
 	defer server.Close()
 
 	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
+	pipe := func(dst, src net.Conn, fromClient bool) {
+		if p.pipe != nil {
+			p.pipe(client, dst, src, fromClient)
+		} else {
+			_, _ = io.Copy(dst, src)
+		}
 		// Either side ending ends both, as a broken connection would.
 		_ = dst.Close()
 		_ = src.Close()
 		done <- struct{}{}
 	}
-	go pipe(server, client)
+	go pipe(server, client, true)
+	if p.pipe != nil {
+		go pipe(client, server, false)
+		<-done
+		<-done
+		return
+	}
 	go func() {
 		// From the server: through the gate Hold shuts.
 		buf := make([]byte, 32*1024)
@@ -249,4 +301,7 @@ func (p *Proxy) forget(c net.Conn) {
 	delete(p.conns, c)
 	p.mu.Unlock()
 	_ = c.Close()
+	if p.onClose != nil {
+		p.onClose(c)
+	}
 }
