@@ -2,11 +2,10 @@ package module
 
 import (
 	"errors"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/internal/cli"
 )
 
 // Ranges of Config's numeric settings, checked by Validate (after
@@ -105,33 +104,15 @@ func (l limit) check() error {
 	if l.value >= l.lo && l.value <= l.hi {
 		return nil
 	}
-	show := func(v int64) string {
-		if l.duration {
-			return shortDuration(time.Duration(v))
-		}
-		return fmt.Sprint(v)
-	}
-	var msg string
-	if l.value < 0 && l.lo >= 0 {
-		msg = fmt.Sprintf("%s %s must not be negative: want %s..%s", l.name, show(l.value), show(l.lo), show(l.hi))
+	var err error
+	if l.duration {
+		err = cli.OutOfRange(l.name, time.Duration(l.value), time.Duration(l.lo), time.Duration(l.hi))
 	} else {
-		msg = fmt.Sprintf("%s %s is outside %s..%s", l.name, show(l.value), show(l.lo), show(l.hi))
+		err = cli.OutOfRange(l.name, l.value, l.lo, l.hi)
 	}
+	msg := err.Error()
 	if l.why != "" {
 		msg += " (" + l.why + ")"
 	}
 	return errors.New(msg)
-}
-
-// shortDuration writes d as time.Duration does, without the zero units
-// at its end: 1h, 10m, 1m30s.
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
 }

@@ -133,8 +133,8 @@ func Main(c Command, args []string, stderr io.Writer) int {
 		*into = envDuration(env, def)
 		fs.Func(flagName, fmt.Sprintf("%s, `duration` %s (env %s; default %s)", usage, httpRange, env, def), func(s string) error {
 			d, err := time.ParseDuration(s)
-			if err == nil && (d < httpapi.MinTimeout || d > httpapi.MaxTimeout) {
-				err = fmt.Errorf("%s is outside %s", d, httpRange)
+			if err == nil {
+				err = cli.OutOfRange("-"+flagName, d, httpapi.MinTimeout, httpapi.MaxTimeout)
 			}
 			*into = d
 			return err
@@ -147,8 +147,8 @@ func Main(c Command, args []string, stderr io.Writer) int {
 	fs.Func("http-max-requests", fmt.Sprintf("HTTP requests served at once, `n` 1..%d; past it 503 with Retry-After, /healthz excepted (default %d)",
 		httpapi.MaxMaxConcurrentRequests, httpapi.DefaultMaxConcurrentRequests), func(s string) error {
 		n, err := strconv.Atoi(s)
-		if err == nil && (n < 1 || n > httpapi.MaxMaxConcurrentRequests) {
-			err = fmt.Errorf("%d is outside 1..%d", n, httpapi.MaxMaxConcurrentRequests)
+		if err == nil {
+			err = cli.OutOfRange("-http-max-requests", n, 1, httpapi.MaxMaxConcurrentRequests)
 		}
 		cfg.HTTP.MaxConcurrentRequests = n
 		return err

@@ -1,6 +1,10 @@
 package outboxctl
 
-import "time"
+import (
+	"time"
+
+	"github.com/outboxmill/outboxmill/internal/cli"
+)
 
 // Ranges of the commands' numeric flags.
 const (
@@ -17,14 +21,10 @@ const (
 // inRange returns a usage error naming flag and its range lo..hi when v
 // lies outside it.
 func inRange[T int | time.Duration](flag string, v, lo, hi T) error {
-	switch {
-	case v >= lo && v <= hi:
-		return nil
-	case v < 0 && lo >= 0:
-		return usagef("--%s must not be negative: want %v..%v, got %v", flag, lo, hi, v)
-	default:
-		return usagef("--%s %v is outside %v..%v", flag, v, lo, hi)
+	if err := cli.OutOfRange("--"+flag, v, lo, hi); err != nil {
+		return usagef("%v", err)
 	}
+	return nil
 }
 
 // notNegative returns a usage error naming flag when v is negative.

@@ -22,7 +22,7 @@ func TestMain_FlagRanges(t *testing.T) {
 		want string
 	}{
 		{"unroutable list limit", []string{"unroutable", "list", "--limit", "10001"}, "--limit 10001 is outside 0..10000"},
-		{"negative unroutable list limit", []string{"unroutable", "list", "--limit", "-1"}, "--limit must not be negative"},
+		{"negative unroutable list limit", []string{"unroutable", "list", "--limit", "-1"}, "--limit -1 must not be negative: want 0..10000"},
 		{"limit past int64", []string{"unroutable", "list", "--limit", "99999999999999999999"}, `invalid value "99999999999999999999" for flag -limit`},
 		{"negative unroutable replay max", []string{"unroutable", "replay", "--max", "-3"}, "--max must not be negative"},
 		{"purge batch 0", []string{"purge", "--batch-size", "0"}, "--batch-size 0 is outside 1..100000"},

@@ -96,8 +96,8 @@ func run(args []string, stderr io.Writer) int {
 				fmt.Fprintf(stderr, "bench: -loads: %q is not a whole number of events per second\n", s)
 				return 2
 			}
-			if n < 1 || n > maxLoad {
-				fmt.Fprintf(stderr, "bench: -loads: %d events/s is outside 1..%d\n", n, maxLoad)
+			if err := cli.OutOfRange("-loads:", n, 1, maxLoad); err != nil {
+				fmt.Fprintf(stderr, "bench: %v events/s\n", err)
 				return 2
 			}
 			cfg.Loads = append(cfg.Loads, n)
@@ -256,17 +256,14 @@ func checkFlags(reps, backlog int, relayPoll, tunedPoll time.Duration, tunedBatc
 		{"-tuned-batch", tunedBatch, 1, maxTunedBatch, ""},
 		{"-tuned-pool", tunedPool, 1, maxTunedPool, " (RabbitMQ's default channel_max)"},
 	} {
-		if f.value < f.lo || f.value > f.hi {
-			return fmt.Errorf("%s %d is outside %d..%d%s", f.name, f.value, f.lo, f.hi, f.note)
+		if err := cli.OutOfRange(f.name, f.value, f.lo, f.hi); err != nil {
+			return fmt.Errorf("%w%s", err, f.note)
 		}
 	}
-	if relayPoll < 0 || relayPoll > maxPoll {
-		return fmt.Errorf("-relay-poll %s is outside 0..%s (0: each kind's default)", relayPoll, maxPoll)
+	if err := cli.OutOfRange("-relay-poll", relayPoll, 0, maxPoll); err != nil {
+		return fmt.Errorf("%w (0: each kind's default)", err)
 	}
-	if tunedPoll < time.Millisecond || tunedPoll > maxPoll {
-		return fmt.Errorf("-tuned-poll %s is outside 1ms..%s", tunedPoll, maxPoll)
-	}
-	return nil
+	return cli.OutOfRange("-tuned-poll", tunedPoll, time.Millisecond, maxPoll)
 }
 
 func splitList(s string) []string {

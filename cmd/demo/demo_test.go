@@ -134,7 +134,7 @@ func TestRun(t *testing.T) {
 	t.Run("bad flags change nothing", func(t *testing.T) {
 		var out, errOut syncBuffer
 		code := run(context.Background(), []string{"-orders", "0", "-bin-dir", binDir}, &out, &errOut)
-		if code != exitUsage || !strings.Contains(errOut.String(), "-orders must be between 1 and 1000000") {
+		if code != exitUsage || !strings.Contains(errOut.String(), "-orders 0 is outside 1..1000000") {
 			t.Fatalf("exit %d, stderr:\n%s", code, errOut.String())
 		}
 		if strings.Contains(errOut.String(), "databases") || out.String() != "" {

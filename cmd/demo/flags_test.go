@@ -18,17 +18,17 @@ func TestRun_FlagRanges(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"no orders", []string{"-orders", "0"}, "-orders must be between 1 and 1000000, got 0"},
-		{"too many orders", []string{"-orders", "2000000"}, "-orders must be between 1 and 1000000, got 2000000"},
+		{"no orders", []string{"-orders", "0"}, "-orders 0 is outside 1..1000000"},
+		{"too many orders", []string{"-orders", "2000000"}, "-orders 2000000 is outside 1..1000000"},
 		{"orders past int64", []string{"-orders", "99999999999999999999"}, `invalid value "99999999999999999999" for flag -orders`},
-		{"no concurrency", []string{"-concurrency", "0"}, "-concurrency must be between 1 and 256, got 0"},
-		{"too much concurrency", []string{"-concurrency", "1000"}, "-concurrency must be between 1 and 256, got 1000"},
-		{"cancel ratio above 1", []string{"-cancel-ratio", "1.5"}, "-cancel-ratio must be between 0 and 1, got 1.5"},
-		{"negative invalid ratio", []string{"-invalid-ratio", "-0.1"}, "-invalid-ratio must be between 0 and 1, got -0.1"},
-		{"idempotency ratio not a number", []string{"-idempotency-ratio", "NaN"}, "-idempotency-ratio must be between 0 and 1, got NaN"},
-		{"idempotency ratio infinite", []string{"-idempotency-ratio", "+Inf"}, "-idempotency-ratio must be between 0 and 1, got +Inf"},
-		{"no timeout", []string{"-timeout", "0s"}, "-timeout must be positive and at most 24h0m0s, got 0s"},
-		{"timeout too long", []string{"-timeout", "48h"}, "-timeout must be positive and at most 24h0m0s, got 48h0m0s"},
+		{"no concurrency", []string{"-concurrency", "0"}, "-concurrency 0 is outside 1..256"},
+		{"too much concurrency", []string{"-concurrency", "1000"}, "-concurrency 1000 is outside 1..256"},
+		{"cancel ratio above 1", []string{"-cancel-ratio", "1.5"}, "-cancel-ratio 1.5 is outside 0..1"},
+		{"negative invalid ratio", []string{"-invalid-ratio", "-0.1"}, "-invalid-ratio -0.1 must not be negative: want 0..1"},
+		{"idempotency ratio not a number", []string{"-idempotency-ratio", "NaN"}, "-idempotency-ratio NaN is outside 0..1"},
+		{"idempotency ratio infinite", []string{"-idempotency-ratio", "+Inf"}, "-idempotency-ratio +Inf is outside 0..1"},
+		{"no timeout", []string{"-timeout", "0s"}, "-timeout 0s is outside 1ns..24h"},
+		{"timeout too long", []string{"-timeout", "48h"}, "-timeout 48h is outside 1ns..24h"},
 		{"timeout past int64", []string{"-timeout", "300000000h"}, `invalid value "300000000h" for flag -timeout`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -147,23 +147,13 @@ const maxTimeout = 24 * time.Hour
 // validate checks the configuration, including that the commands to start
 // were built.
 func (c config) validate() error {
-	var errs []error
-	if c.orders < 1 || c.orders > 1_000_000 {
-		errs = append(errs, fmt.Errorf("-orders must be between 1 and 1000000, got %d", c.orders))
-	}
-	if c.concurrency < 1 || c.concurrency > 256 {
-		errs = append(errs, fmt.Errorf("-concurrency must be between 1 and 256, got %d", c.concurrency))
-	}
-	for _, r := range []struct {
-		name  string
-		value float64
-	}{{"-cancel-ratio", c.cancelRatio}, {"-idempotency-ratio", c.idempotencyRatio}, {"-invalid-ratio", c.invalidRatio}} {
-		if !(r.value >= 0 && r.value <= 1) {
-			errs = append(errs, fmt.Errorf("%s must be between 0 and 1, got %v", r.name, r.value))
-		}
-	}
-	if c.timeout <= 0 || c.timeout > maxTimeout {
-		errs = append(errs, fmt.Errorf("-timeout must be positive and at most %s, got %s", maxTimeout, c.timeout))
+	errs := []error{
+		cli.OutOfRange("-orders", c.orders, 1, 1_000_000),
+		cli.OutOfRange("-concurrency", c.concurrency, 1, 256),
+		cli.OutOfRange("-cancel-ratio", c.cancelRatio, 0, 1),
+		cli.OutOfRange("-idempotency-ratio", c.idempotencyRatio, 0, 1),
+		cli.OutOfRange("-invalid-ratio", c.invalidRatio, 0, 1),
+		cli.OutOfRange("-timeout", c.timeout, time.Nanosecond, maxTimeout),
 	}
 	commands := stack.Config{Monolith: c.monolith}.Commands()
 	var pkgs []string
