@@ -352,16 +352,16 @@ func New(ctx context.Context, set Set, config Config) (p *Process, err error) {
 			return nil, fmt.Errorf("module %s: %w", name, err)
 		}
 	}
-	if *config.Migrate {
-		err = setUp(ctx, set, config, p.pools)
-	} else {
-		err = checkSetUp(ctx, set, config, p.pools)
-	}
+	names := Names{Namespace: config.Namespace}
+	topology, err := set.Topology(names, config.QueueType)
 	if err != nil {
 		return nil, err
 	}
-	names := Names{Namespace: config.Namespace}
-	topology, err := set.Topology(names, config.QueueType)
+	if *config.Migrate {
+		err = setUp(ctx, set, topology, config, p.pools)
+	} else {
+		err = checkSetUp(ctx, set, topology, config, p.pools)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -51,7 +51,11 @@ func Migrate(ctx context.Context, set Set, config Config, grantTo string) error 
 			pools[url] = db
 		}
 	}
-	if err := setUp(ctx, set, config, pools); err != nil {
+	topology, err := set.Topology(Names{Namespace: config.Namespace}, config.QueueType)
+	if err != nil {
+		return err
+	}
+	if err := setUp(ctx, set, topology, config, pools); err != nil {
 		return err
 	}
 	if grantTo == "" {
@@ -79,8 +83,8 @@ func Migrate(ctx context.Context, set Set, config Config, grantTo string) error 
 }
 
 // setUp migrates the databases of the modules config.Run names (pools by
-// URL), creates their outboxes, and declares set's topology.
-func setUp(ctx context.Context, set Set, config Config, pools map[string]*sqlx.DB) error {
+// URL), creates their outboxes, and declares topology (set's).
+func setUp(ctx context.Context, set Set, topology rabbitmq.Topology, config Config, pools map[string]*sqlx.DB) error {
 	migrated := map[*sqlx.DB]bool{}
 	for _, name := range config.Run {
 		m, _ := set.Find(name)
@@ -102,10 +106,6 @@ func setUp(ctx context.Context, set Set, config Config, pools map[string]*sqlx.D
 			}
 		}
 	}
-	topology, err := set.Topology(Names{Namespace: config.Namespace}, config.QueueType)
-	if err != nil {
-		return err
-	}
 	return rabbitmq.Declare(ctx, config.AMQPURL, topology)
 }
 
@@ -117,7 +117,7 @@ var ErrNotSetUp = errors.New("not set up: run the migrate command first")
 // checkSetUp checks, reading only, what setUp would do: no pending
 // migration, every outbox created, every exchange and queue of set's
 // topology declared.
-func checkSetUp(ctx context.Context, set Set, config Config, pools map[string]*sqlx.DB) error {
+func checkSetUp(ctx context.Context, set Set, topology rabbitmq.Topology, config Config, pools map[string]*sqlx.DB) error {
 	var missing []string
 	checked := map[*sqlx.DB]bool{}
 	for _, name := range config.Run {
@@ -154,10 +154,6 @@ func checkSetUp(ctx context.Context, set Set, config Config, pools map[string]*s
 	}
 	if len(missing) > 0 {
 		return fmt.Errorf("%w: the databases lack %s", ErrNotSetUp, strings.Join(missing, ", "))
-	}
-	topology, err := set.Topology(Names{Namespace: config.Namespace}, config.QueueType)
-	if err != nil {
-		return err
 	}
 	if err := rabbitmq.CheckDeclared(ctx, config.AMQPURL, topology); err != nil {
 		return fmt.Errorf("%w: %w", ErrNotSetUp, err)
