@@ -796,7 +796,7 @@ func TestOutboxctl_Errors(t *testing.T) {
 		{"handler filter without --all", []string{"set-aside", "replay", "c1@orders", "--module", "orders"}, nil, "apply to --all only"},
 		{"unroutable without action", []string{"unroutable"}, nil, "unroutable needs an action"},
 		{"unknown unroutable action", []string{"unroutable", "drain"}, nil, `unknown unroutable action "drain"`},
-		{"negative limit", []string{"unroutable", "list", "--limit", "-1"}, nil, "--limit must not be negative"},
+		{"negative limit", []string{"unroutable", "list", "--limit", "-1"}, nil, "--limit -1 must not be negative: want 0..10000"},
 		{"unroutable queue missing", []string{"unroutable", "list", "--namespace", "obm-no-such-namespace"}, nil,
 			"queue obm-no-such-namespace.unroutable does not exist"},
 		{"unreachable broker", []string{"unroutable", "replay", "--amqp-url", "amqp://guest:guest@127.0.0.1:1/"}, nil, "connect to broker"},
