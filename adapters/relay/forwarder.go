@@ -289,7 +289,19 @@ func (f *Forwarder) Running() <-chan struct{} { return f.fwd.Running() }
 // Close stops forwarding, waiting for the message in flight, and closes the
 // broker connection.
 func (f *Forwarder) Close() error {
-	return errors.Join(f.fwd.Close(), f.publisher.Close(), f.sub.Close())
+	return errors.Join(f.fwd.Close(), closePublisher(f.publisher), f.sub.Close())
+}
+
+// closePublisher closes p, turning a panic into an error: watermill-amqp
+// v3.0.2's pooled channel provider dereferences a channel it never opened
+// (the broker connection was lost when it tried) when it is closed.
+func closePublisher(p message.Publisher) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("close the AMQP publisher: it panicked (a channel never opened after the connection was lost): %v", r)
+		}
+	}()
+	return p.Close()
 }
 
 // unwrapGuard sets aside an outbox row that is not a forwarder envelope, so

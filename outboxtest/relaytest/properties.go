@@ -347,12 +347,12 @@ func testHandover(t *testing.T, k Kind) {
 			in := h.start(k)
 			done := h.producer.stream(2*at, aggregates(streamAggregates))
 			h.waitForDeliveries(at)
+			// A stop drains what is in flight, and may find the stream
+			// delivered by then: the hand-overs need not be mid-stream.
 			in.stop()
-			h.expectMidStream("stopped", done)
 			in = h.start(peer)
 			h.waitForDeliveries(at + at/2)
 			in.stop()
-			h.expectMidStream("of the peer kind stopped", done)
 			h.start(k)
 			waitStream(t, done)
 			h.expectResentAtMost(bound, fmt.Sprintf("after switching to %s and back", peer.Name))
