@@ -164,7 +164,7 @@ func Main(c Command, args []string, stderr io.Writer) int {
 		fs.BoolVar(&migrate, "migrate", migrate, "migrate the databases and declare the broker topology at start; false only checks that the migrate command did, so that the process can run under a runtime role and a broker user that may not declare (env MIGRATE=true|false)")
 	}
 	fs.BoolVar(&relay, "relay", relay, "run the relay of each publishing module in this process (env RELAY=true|false)")
-	fs.StringVar(&cfg.RelayKind, "relay-kind", cli.Env("RELAY_KIND", "outboxmill"), "relay implementation: outboxmill (batched, pipelined) or watermill (Watermill's forwarder) (env RELAY_KIND)")
+	fs.StringVar(&cfg.RelayKind, "relay-kind", cli.Env("RELAY_KIND", "outboxmill"), "relay implementation: outboxmill (batched, pipelined polling), cdc (logical replication; needs wal_level=logical and REPLICATION) or watermill (Watermill's forwarder) (env RELAY_KIND)")
 	fs.BoolVar(&notify, "relay-notify", notify, "wake relays in other instances with a PostgreSQL notification after each commit (env RELAY_NOTIFY=true|false)")
 	fs.DurationVar(&cfg.RelayPollInterval, "relay-poll-interval", pollDefault, "how often the relay polls an empty outbox, 1ms..10m (env RELAY_POLL_INTERVAL)")
 	fs.DurationVar(&cfg.RelayLeaseTimeout, "relay-lease-timeout", envDuration("RELAY_LEASE_TIMEOUT", 5*time.Second), "how long a frozen or partitioned active relay keeps the outbox before a standby takes over, 1s..10m (env RELAY_LEASE_TIMEOUT)")

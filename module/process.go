@@ -64,7 +64,8 @@ type Config struct {
 	// Relay runs the relay of each publishing module in this process;
 	// default true.
 	Relay *bool
-	// RelayKind is relay.KindOutboxmill (default) or relay.KindWatermill.
+	// RelayKind is relay.KindOutboxmill (default), relay.KindCDC or
+	// relay.KindWatermill.
 	RelayKind string
 	// RelayPollInterval is the longest wait between two polls of an empty
 	// outbox; default 1 s.
@@ -229,8 +230,8 @@ func (c Config) Validate(set Set) error {
 	if c.QueueType != rabbitmq.QueueClassic && c.QueueType != rabbitmq.QueueQuorum {
 		errs = append(errs, fmt.Errorf("queue type %q is neither %s nor %s", c.QueueType, rabbitmq.QueueClassic, rabbitmq.QueueQuorum))
 	}
-	if c.RelayKind != relay.KindOutboxmill && c.RelayKind != relay.KindWatermill {
-		errs = append(errs, fmt.Errorf("relay kind %q is neither %s nor %s", c.RelayKind, relay.KindOutboxmill, relay.KindWatermill))
+	if c.RelayKind != relay.KindOutboxmill && c.RelayKind != relay.KindCDC && c.RelayKind != relay.KindWatermill {
+		errs = append(errs, fmt.Errorf("relay kind %q is not one of %s, %s, %s", c.RelayKind, relay.KindOutboxmill, relay.KindCDC, relay.KindWatermill))
 	}
 	if c.Consumer != consumer.KindBatch && c.Consumer != consumer.KindRouter {
 		errs = append(errs, fmt.Errorf("consumer %q is neither %s nor %s", c.Consumer, consumer.KindBatch, consumer.KindRouter))

@@ -2,14 +2,19 @@
 # Makes sure PostgreSQL and RabbitMQ are available for the tests and the demo.
 #
 # Checks both services and, when needed and possible, starts or installs them
-# (Debian/Ubuntu, as root). Safe to re-run: when both already work it changes
-# nothing and finishes quickly.
+# (Debian/Ubuntu, as root), and sets PostgreSQL up for logical replication
+# (restarting a local cluster once, as root). Safe to re-run: when both
+# already work it changes nothing and finishes quickly.
 set -euo pipefail
 
 readonly PG_HOST=${PGHOST:-127.0.0.1}
 readonly PG_PORT=${PGPORT:-5432}
 readonly PG_USER=postgres
 readonly TEST_DB=${OUTBOXMILL_TEST_DB:-test}
+# Logical replication for the CDC relay: every test database may hold a slot
+# and a walsender of its own, and test packages run in parallel.
+readonly PG_MIN_SLOTS=64
+readonly PG_MIN_SENDERS=64
 
 readonly AMQP_HOST=127.0.0.1
 readonly AMQP_PORT=5672
@@ -29,10 +34,12 @@ Usage: $SELF [--check] [-h|--help]
 Makes sure PostgreSQL ($PG_HOST:$PG_PORT, user $PG_USER, database $TEST_DB)
 and RabbitMQ ($AMQP_HOST:$AMQP_PORT, user $AMQP_USER) are usable.
 Starts them if they are installed but stopped; installs them with apt-get
-when run as root. Prints one status line per service; exits 0 only if both
-are usable.
+when run as root. Sets PostgreSQL up for logical replication (wal_level
+logical, max_replication_slots >= $PG_MIN_SLOTS, max_wal_senders >= $PG_MIN_SENDERS) with
+ALTER SYSTEM and a restart, for a local cluster when run as root.
+Prints one status line per service; exits 0 only if both are usable.
 
-  --check     only check; never start or install anything
+  --check     only check; never start, install or reconfigure anything
   -h, --help  show this help
 
 Environment: PGHOST, PGPORT (default 127.0.0.1, 5432),
@@ -183,6 +190,98 @@ start_postgres() {
 	done
 }
 
+# pg_replication_check reads the server's replication settings: REPL_NOW
+# describes them, REPL_FIXES holds one ALTER SYSTEM statement per setting
+# that falls short (none when all are set; higher values stay) and
+# PG_SUPERUSER is "on" when PG_USER may run them.
+REPL_NOW=''
+REPL_FIXES=()
+PG_SUPERUSER=''
+pg_replication_check() {
+	local query info level slots senders
+	query="select current_setting('wal_level'), current_setting('max_replication_slots'),
+	              current_setting('max_wal_senders'), current_setting('is_superuser')"
+	REPL_NOW=""
+	info=$(pg_sql <<<"$query") || return 1
+	IFS='|' read -r level slots senders PG_SUPERUSER <<<"$info"
+	REPL_NOW="wal_level=$level, max_replication_slots=$slots, max_wal_senders=$senders"
+	REPL_FIXES=()
+	# logical is the highest wal_level.
+	[[ $level == logical ]] || REPL_FIXES+=("ALTER SYSTEM SET wal_level = logical")
+	((slots >= PG_MIN_SLOTS)) || REPL_FIXES+=("ALTER SYSTEM SET max_replication_slots = $PG_MIN_SLOTS")
+	((senders >= PG_MIN_SENDERS)) || REPL_FIXES+=("ALTER SYSTEM SET max_wal_senders = $PG_MIN_SENDERS")
+}
+
+# Prints "<version> <cluster>" of the local cluster that is online on
+# PG_PORT, as pg_ctlcluster names it; nothing if there is none.
+pg_cluster_on_port() {
+	have pg_lsclusters || return 0
+	pg_lsclusters -h 2>/dev/null | awk -v port="$PG_PORT" '$3 == port && $4 == "online" { print $1, $2; exit }' || true
+}
+
+# ensure_replication WHERE VERSION: makes sure the server is set up for
+# logical replication. The settings only take effect at server start, so a
+# change restarts the cluster; that is done only for a local cluster, as
+# root, and never with --check. Otherwise it says what to run.
+ensure_replication() {
+	local where=$1 version=$2 cluster why='' stmt
+	if ! pg_replication_check; then
+		err "postgres: cannot read the replication settings at $where."
+		return 1
+	fi
+	if ((${#REPL_FIXES[@]} == 0)); then
+		return 0
+	fi
+
+	cluster=$(pg_cluster_on_port)
+	# Unquoted on purpose: "<version> <cluster>" are two arguments.
+	local restart=(pg_ctlcluster --skip-systemctl-redirect ${cluster:-"${version%%.*}" main} restart)
+	if ! is_local "$PG_HOST"; then
+		why="The server is not local; on its host, as a superuser, run"
+	elif [[ $PG_SUPERUSER != on ]]; then
+		why="User $PG_USER is not a superuser; as one, run"
+	elif ((CHECK_ONLY)); then
+		why="Run $SELF as root (without --check) to set it up, or run"
+	elif ! is_root; then
+		why="Re-run as root (sudo $SELF), or run"
+	elif ! have pg_ctlcluster || [[ -z $cluster ]]; then
+		why="No cluster is online on port $PG_PORT for pg_ctlcluster to restart; run"
+	fi
+	if [[ -n $why ]]; then
+		err "postgres: not set up for logical replication at $where ($REPL_NOW;"
+		err "  needs wal_level=logical, max_replication_slots >= $PG_MIN_SLOTS, max_wal_senders >= $PG_MIN_SENDERS)."
+		err "$why:"
+		for stmt in "${REPL_FIXES[@]}"; do
+			err "  psql -h $PG_HOST -p $PG_PORT -U $PG_USER -d postgres -c '$stmt'"
+		done
+		err "  then restart the server, which reads these settings only at start-up:"
+		err "  sudo ${restart[*]}"
+		return 1
+	fi
+
+	err "postgres: $REPL_NOW; setting up logical replication (restarts the cluster)"
+	local args=()
+	for stmt in "${REPL_FIXES[@]}"; do
+		args+=(-c "$stmt")
+	done
+	if ! run psql -X -q -h "$PG_HOST" -p "$PG_PORT" -U "$PG_USER" -d postgres -v ON_ERROR_STOP=1 "${args[@]}"; then
+		err "postgres: ALTER SYSTEM failed; see the output above."
+		return 1
+	fi
+	# A failure here is reported by the readiness wait below.
+	run "${restart[@]}" || true
+	if ! wait_for 60 pg_ready; then
+		err "postgres: not accepting connections at $where 60 s after the restart. See the logs in /var/log/postgresql/."
+		return 1
+	fi
+	if ! pg_replication_check || ((${#REPL_FIXES[@]} > 0)); then
+		err "postgres: still ${REPL_NOW:-unreadable} after the restart. A setting given on the server's command line overrides ALTER SYSTEM; see:"
+		err "  psql -h $PG_HOST -p $PG_PORT -U $PG_USER -c \"select name, setting, source, sourcefile from pg_settings where name in ('wal_level', 'max_replication_slots', 'max_wal_senders')\""
+		return 1
+	fi
+	err "postgres: now $REPL_NOW"
+}
+
 ensure_postgres() {
 	local where="$PG_HOST:$PG_PORT" query info version exists
 
@@ -228,6 +327,8 @@ ensure_postgres() {
 			return 1
 		fi
 	fi
+
+	ensure_replication "$where" "$version" || return 1
 
 	echo "postgres: ok ($version at $where)"
 }

@@ -106,6 +106,26 @@ type Config struct {
 	// NotifyChannel (outboxmill), when set, is a PostgreSQL channel the relay
 	// LISTENs on: a notification (see Notifier) wakes it at once.
 	NotifyChannel string
+	// Slot (cdc) is the logical replication slot of the outbox and consumer
+	// group. Slot names are the server's, not a database's: the default
+	// is "outboxmill_", the outbox topic and a hash of the database, topic
+	// and consumer group.
+	Slot string
+	// Publication (cdc) is the publication of the outbox table the slot
+	// streams (inserts only); the relay creates it when missing. Default
+	// "outboxmill_" and the outbox topic.
+	Publication string
+	// StatusInterval (cdc) is how often the relay tells the server how far
+	// it has forwarded, which lets the slot release WAL; also the least
+	// time between two marks of an idle stream's progress. Default 1 s.
+	StatusInterval time.Duration
+	// HeartbeatInterval (cdc) is how often the relay emits a logical
+	// decoding message in its database, so that its slot moves on while the
+	// outbox is idle, and reads the slot's health. Default 5 s.
+	HeartbeatInterval time.Duration
+	// FallbackInterval (cdc) is how long the relay polls the outbox when no
+	// replication slot can be had before it tries again. Default 30 s.
+	FallbackInterval time.Duration
 	// Metrics receives the relay's publish outcomes; default NopMetrics.
 	Metrics Metrics
 	// TracerProvider receives a span per publish (PublishSpanName), the
@@ -175,6 +195,15 @@ func (c *Config) setDefaults() {
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = 30 * time.Second
 	}
+	if c.StatusInterval == 0 {
+		c.StatusInterval = time.Second
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = 5 * time.Second
+	}
+	if c.FallbackInterval == 0 {
+		c.FallbackInterval = 30 * time.Second
+	}
 	if c.Metrics == nil {
 		c.Metrics = NopMetrics{}
 	}
@@ -216,6 +245,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxAttempts < 1 || c.Window < c.BatchSize {
 		errs = append(errs, errors.New("relay: need MaxAttempts >= 1 and Window >= BatchSize"))
+	}
+	if c.StatusInterval < 0 || c.HeartbeatInterval < 0 || c.FallbackInterval < 0 {
+		errs = append(errs, errors.New("relay: StatusInterval, HeartbeatInterval and FallbackInterval must not be negative"))
+	}
+	if c.Slot != "" && (len(c.Slot) > 63 || identPart(c.Slot, 63) != c.Slot) {
+		errs = append(errs, fmt.Errorf("relay: slot name %q: want at most 63 lowercase letters, digits and underscores", c.Slot))
 	}
 	if c.RefusalBackoff <= 0 || c.MaxRefusalBackoff < c.RefusalBackoff || c.ReleaseInterval <= 0 {
 		errs = append(errs, errors.New("relay: need 0 < RefusalBackoff <= MaxRefusalBackoff and ReleaseInterval > 0"))

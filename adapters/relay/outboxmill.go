@@ -44,6 +44,13 @@ type row struct {
 	invalid string // why the row cannot be forwarded; empty if it can
 	seq     uint64 // order in the stream that read it
 	aside   *aside // how the row is set aside; nil when it is published
+
+	// Rows of a CDC relay (see feed): the last row of a transaction
+	// carries its end LSN; a tick is no row but a mark that every
+	// transaction committed before lsn has been received.
+	lsn   uint64
+	txEnd bool
+	tick  bool
 }
 
 // Outboxmill is Outboxmill's relay. It reads the outbox in batches in
@@ -76,6 +83,8 @@ type Outboxmill struct {
 	suspected atomic.Int32           // len(suspects), read without mu
 
 	ahead aheadState // position ahead of the database's transaction ids (restore.go)
+
+	logical bool // kind cdc: read from a replication slot (cdc.go)
 
 	wake    chan struct{}
 	closing chan struct{}
@@ -160,6 +169,9 @@ func (r *Outboxmill) Run(ctx context.Context) error {
 		if time.Since(started) > 10*r.config.RetryInterval {
 			backoff = r.config.RetryInterval
 		}
+		if errors.Is(err, errFallbackOver) {
+			continue
+		}
 		r.logger.Warn("relay interrupted; retrying", "err", err, "retry_in", backoff)
 		if !sleepCtx(ctx, backoff) {
 			return nil
@@ -184,6 +196,32 @@ func (r *Outboxmill) lead(ctx context.Context) (err error) {
 	if err := r.checkAhead(ctx, pos); err != nil {
 		return err
 	}
+	var f *feed
+	streamCtx := ctx
+	if r.logical {
+		f, err = r.openFeed(ctx, l, pos)
+		switch {
+		case err == nil:
+			r.setFallback(false)
+			defer f.close()
+		case ctx.Err() != nil || !fallBackWorthy(err):
+			return err
+		default:
+			// No slot for now: poll, loudly, and try the slot again after
+			// a while.
+			r.setFallback(true)
+			r.logger.Error("cdc relay: no replication slot; polling the outbox meanwhile",
+				"err", err, "retry_in", r.config.FallbackInterval)
+			var cancel context.CancelFunc
+			streamCtx, cancel = context.WithTimeout(ctx, r.config.FallbackInterval)
+			defer cancel()
+			defer func() {
+				if ctx.Err() == nil && streamCtx.Err() != nil {
+					err = errFallbackOver
+				}
+			}()
+		}
+	}
 	conn, err := rabbitmq.Dial(ctx, r.config.AMQPURL)
 	if err != nil {
 		return err
@@ -204,19 +242,25 @@ func (r *Outboxmill) lead(ctx context.Context) (err error) {
 	// The next batch is read while the current one is published: reading
 	// and publishing overlap, and the position still moves only past
 	// confirmed rows.
-	readCtx, stopReading := context.WithCancel(ctx)
+	readCtx, stopReading := context.WithCancel(streamCtx)
 	defer stopReading()
 	batches := make(chan batch, 1)
-	go r.readAhead(readCtx, pos, batches)
+	if f != nil {
+		f.reading = true
+		go f.read(readCtx, batches)
+		go f.heartbeat(readCtx)
+	} else {
+		go r.readAhead(readCtx, pos, batches)
+	}
 
 	// Batches are published as one stream (see stream): while the last
 	// confirms of a batch come back, the next one is already on its way.
-	s, err := newStream(ctx, r, l, conn, ch, returns, pos)
+	s, err := newStream(streamCtx, r, l, conn, ch, returns, pos, f)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, s.close()) }()
-	return s.run(ctx, batches, closed)
+	return s.run(streamCtx, batches, closed)
 }
 
 // batch is the result of one read of the outbox.
@@ -436,6 +480,20 @@ func (r *Outboxmill) storePositionOn(ctx context.Context, conn *sqlx.Conn, prev,
 		return fmt.Errorf("store relay position: %w", err)
 	}
 	defer tx.Rollback()
+	if err := r.setAside(ctx, tx, aside); err != nil {
+		return err
+	}
+	if err := r.movePosition(ctx, tx, prev, next); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store relay position: commit: %w", err)
+	}
+	return nil
+}
+
+// setAside records the rows set aside in outbox_set_aside through tx.
+func (r *Outboxmill) setAside(ctx context.Context, tx *sqlx.Tx, aside []row) error {
 	for _, x := range aside {
 		if err := setAsideEntry(ctx, tx, r.config.Outbox.Topic, x); err != nil {
 			return err
@@ -444,6 +502,12 @@ func (r *Outboxmill) storePositionOn(ctx context.Context, conn *sqlx.Conn, prev,
 			r.logger.Warn("outbox row set aside", "message_id", x.uuid, "reason", x.aside.reason)
 		}
 	}
+	return nil
+}
+
+// movePosition moves the stored position from prev to next through tx,
+// compare-and-set on prev.
+func (r *Outboxmill) movePosition(ctx context.Context, tx *sqlx.Tx, prev, next position) error {
 	res, err := tx.ExecContext(ctx, `
 		UPDATE `+r.config.Outbox.OffsetsTable()+`
 		SET last_processed_transaction_id = $1::xid8, offset_acked = $2
@@ -456,9 +520,6 @@ func (r *Outboxmill) storePositionOn(ctx context.Context, conn *sqlx.Conn, prev,
 		return fmt.Errorf("store relay position: %w", err)
 	} else if n != 1 {
 		return errPositionMoved
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("store relay position: commit: %w", err)
 	}
 	return nil
 }

@@ -37,8 +37,10 @@ func New(db *sqlx.DB, kind string, config Config) (Relay, error) {
 		return NewForwarder(db, config)
 	case KindOutboxmill:
 		return NewOutboxmill(db, config)
+	case KindCDC:
+		return NewCDC(db, config)
 	default:
-		return nil, fmt.Errorf("relay: unknown kind %q (want %s or %s)", kind, KindOutboxmill, KindWatermill)
+		return nil, fmt.Errorf("relay: unknown kind %q (want %s, %s or %s)", kind, KindOutboxmill, KindCDC, KindWatermill)
 	}
 }
 

@@ -106,7 +106,9 @@ func (e *entry) endSpan(failure string) {
 // newStream starts a stream whose position, stored in the offsets table, is
 // pos, with the aggregates held behind set-aside rows as stored. Call close
 // when done with it.
-func newStream(ctx context.Context, r *Outboxmill, l *lease, conn *amqp.Connection, ch *amqp.Channel, returns <-chan amqp.Return, pos position) (*stream, error) {
+// A CDC relay's stream marks its rows through f (see feed.store); a polling
+// relay's f is nil.
+func newStream(ctx context.Context, r *Outboxmill, l *lease, conn *amqp.Connection, ch *amqp.Channel, returns <-chan amqp.Return, pos position, f *feed) (*stream, error) {
 	blocked, err := r.loadBlocked(ctx)
 	if err != nil {
 		return nil, err
@@ -115,7 +117,7 @@ func newStream(ctx context.Context, r *Outboxmill, l *lease, conn *amqp.Connecti
 	timer.Stop()
 	return &stream{
 		r: r, lease: l, ch: ch, frameMax: conn.Config.FrameSize, returns: returns, returned: map[string]string{},
-		writer: startPositionWriter(r, l, pos),
+		writer: startPositionWriter(r, l, pos, f),
 		queues: map[string][]*entry{}, limit: r.config.InFlight,
 		blocked: blocked, markers: map[string]*entry{}, timer: timer,
 	}, nil
@@ -192,6 +194,10 @@ func (s *stream) add(rows []row) {
 		x.seq = s.seq
 		e := &entry{row: x}
 		s.window = append(s.window, e)
+		if x.tick {
+			e.state = confirmed // nothing to publish: only its LSN is marked
+			continue
+		}
 		if x.invalid != "" {
 			e.aside = &aside{kind: AsideInvalid, reason: x.invalid}
 			e.state = setAside
@@ -578,6 +584,7 @@ type settledRows struct {
 type positionWriter struct {
 	r         *Outboxmill
 	lease     *lease
+	feed      *feed // a CDC relay's; nil for a polling relay
 	pos       position
 	queue     chan settledRows
 	errc      chan error    // the first storing error; after it nothing is stored
@@ -586,8 +593,8 @@ type positionWriter struct {
 	done      chan struct{}
 }
 
-func startPositionWriter(r *Outboxmill, l *lease, pos position) *positionWriter {
-	w := &positionWriter{r: r, lease: l, pos: pos, queue: make(chan settledRows, 64), errc: make(chan error, 1),
+func startPositionWriter(r *Outboxmill, l *lease, pos position, f *feed) *positionWriter {
+	w := &positionWriter{r: r, lease: l, feed: f, pos: pos, queue: make(chan settledRows, 64), errc: make(chan error, 1),
 		stored: make(chan struct{}, 1), done: make(chan struct{})}
 	go w.run()
 	return w
@@ -646,23 +653,34 @@ func (w *positionWriter) run() {
 // store moves the position past every row of pending, setting aside the
 // rows to set aside, in one transaction.
 func (w *positionWriter) store(pending []settledRows) error {
-	var aside []row
+	var aside, all []row
 	n, published := 0, 0
 	for _, p := range pending {
 		n += len(p.rows)
 		for _, x := range p.rows {
-			if x.aside != nil {
+			switch {
+			case x.aside != nil:
 				aside = append(aside, x)
-			} else {
+			case !x.tick:
 				published++
 			}
+		}
+		if w.feed != nil {
+			all = append(all, p.rows...)
 		}
 	}
 	last := pending[len(pending)-1].rows
 	next := last[len(last)-1].pos
 	ctx, cancel := context.WithTimeout(context.Background(), w.r.config.ConfirmTimeout)
 	defer cancel()
-	if err := w.r.storePosition(ctx, w.lease, w.pos, next, aside); err != nil {
+	if w.feed != nil {
+		// Commit order is not position order: the feed finds the
+		// position a polling relay could take over from.
+		var err error
+		if next, err = w.feed.store(ctx, w.lease, w.pos, all, aside); err != nil {
+			return err
+		}
+	} else if err := w.r.storePosition(ctx, w.lease, w.pos, next, aside); err != nil {
 		return err
 	}
 	w.r.logger.Debug("relay position stored", "rows", n, "from_tx", w.pos.txID, "from_offset", w.pos.offset,

@@ -157,6 +157,52 @@ func TestPostgres_KillAndStart(t *testing.T) {
 	gone(t, dir)
 }
 
+func TestStartPostgres_LogicalReplication(t *testing.T) {
+	t.Parallel()
+	pg := StartPostgres(t)
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, pg.AdminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	capacity := strconv.Itoa(replicationCapacity)
+	for name, want := range map[string]string{"wal_level": "logical", "max_replication_slots": capacity, "max_wal_senders": capacity} {
+		var got string
+		if err := admin.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("%s = %s, want %s", name, got, want)
+		}
+	}
+
+	// A pgoutput slot decodes a committed insert into a published table.
+	if err := pg.Env().CreateDatabase(ctx, "cdc_db"); err != nil {
+		t.Fatal(err)
+	}
+	url := pg.URL("cdc_db")
+	pgExec(t, url, `CREATE TABLE kept (id serial PRIMARY KEY, note text NOT NULL)`)
+	pgExec(t, url, `CREATE PUBLICATION kept_pub FOR TABLE kept`)
+	pgExec(t, url, `SELECT pg_create_logical_replication_slot('kept_slot', 'pgoutput')`)
+	pgExec(t, url, `INSERT INTO kept (note) VALUES ('decoded')`)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// pgoutput messages start with their type; 'I' is an Insert.
+	var inserts int
+	err = conn.QueryRow(ctx, `SELECT count(*) FROM pg_logical_slot_get_binary_changes('kept_slot', NULL, NULL,
+		'proto_version', '1', 'publication_names', 'kept_pub') WHERE get_byte(data, 0) = ascii('I')`).Scan(&inserts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inserts != 1 {
+		t.Errorf("the slot decoded %d inserts; want the one committed", inserts)
+	}
+}
+
 func TestRabbit_KillAndStart(t *testing.T) {
 	t.Parallel()
 	var dir string

@@ -25,7 +25,9 @@ import (
 // directory of its own, run by the postgres OS user (initdb and the server
 // refuse root; a test run by another user runs it as itself), listening on
 // 127.0.0.1 only, with trust authentication for the superuser postgres,
-// 16 MB of shared buffers and 50 connections at most. Its server
+// 16 MB of shared buffers and 50 connections at most, and set up for
+// logical replication (wal_level=logical, 10 replication slots and 10
+// walsenders), so that a CDC relay can run against it. Its server
 // settings are otherwise the defaults, fsync and synchronous_commit
 // included, so a commit it acknowledged survives a kill -9.
 type Postgres struct {
@@ -66,6 +68,10 @@ func WithSetting(name, value string) PostgresOption {
 func WithPostgresTLS(files TLSFiles) PostgresOption {
 	return func(o *postgresOptions) { o.tls = &files }
 }
+
+// replicationCapacity is a private cluster's max_replication_slots and
+// max_wal_senders: enough for the few CDC relays one test runs.
+const replicationCapacity = 10
 
 // Timeouts that guard against a hang; a server normally takes well under a
 // second to start and to recover.
@@ -113,6 +119,9 @@ func StartPostgres(t testing.TB, opts ...PostgresOption) *Postgres {
 		"shared_buffers=16MB",
 		"max_connections=50",
 		"logging_collector=off",
+		"wal_level=logical",
+		"max_replication_slots=" + strconv.Itoa(replicationCapacity),
+		"max_wal_senders=" + strconv.Itoa(replicationCapacity),
 	}
 	if o.tls != nil {
 		uid, gid := -1, -1

@@ -7,11 +7,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Env holds the servers a stack runs against.
@@ -62,9 +65,111 @@ func (e Env) CreateDatabase(ctx context.Context, name string) error {
 	return e.adminExec(ctx, `CREATE DATABASE `+pgx.Identifier{name}.Sanitize())
 }
 
-// DropDatabase drops database name, disconnecting its sessions.
+// DropDatabase drops database name, disconnecting its sessions. Its logical
+// replication slots are dropped first, the walsender of an active one
+// terminated: PostgreSQL refuses to drop a database that an active slot
+// uses, even WITH (FORCE) (inactive slots it drops itself).
 func (e Env) DropDatabase(ctx context.Context, name string) error {
-	return e.adminExec(ctx, `DROP DATABASE IF EXISTS `+pgx.Identifier{name}.Sanitize()+` WITH (FORCE)`)
+	conn, err := pgx.Connect(ctx, e.AdminDatabaseURL)
+	if err != nil {
+		return fmt.Errorf("connect as admin: %w", err)
+	}
+	defer conn.Close(ctx)
+	sql := `DROP DATABASE IF EXISTS ` + pgx.Identifier{name}.Sanitize() + ` WITH (FORCE)`
+	// A client still running (a relay that retries) may create a slot
+	// again between the slots' drop and the database's: then both go again.
+	ctx, cancel := context.WithTimeout(ctx, slotReleaseTimeout)
+	defer cancel()
+	for {
+		if err := dropSlots(ctx, conn, name); err != nil {
+			return fmt.Errorf("drop database %s: %w", name, err)
+		}
+		_, err := conn.Exec(ctx, sql)
+		if err == nil {
+			return nil
+		}
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != codeObjectInUse {
+			return fmt.Errorf("%s: %w", sql, err)
+		}
+		var slots bool
+		if serr := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE database = $1)`,
+			name).Scan(&slots); serr != nil || !slots {
+			return fmt.Errorf("%s: %w", sql, err)
+		}
+	}
+}
+
+// SQLSTATEs that DropDatabase expects while it drops slots.
+const (
+	codeObjectInUse     = "55006" // object_in_use: a slot still active, a database with slots
+	codeUndefinedObject = "42704" // undefined_object: a slot already dropped
+)
+
+// slotReleaseTimeout bounds how long DropDatabase keeps dropping the slots
+// of a database and trying again; a terminated walsender normally exits
+// within milliseconds.
+const slotReleaseTimeout = 30 * time.Second
+
+// slotPollInterval is how often dropSlots looks at slots that are still
+// active.
+const slotPollInterval = 20 * time.Millisecond
+
+// replicationSlot is a row of pg_replication_slots.
+type replicationSlot struct {
+	name string
+	pid  *int32 // active_pid: the walsender using the slot, nil if inactive
+}
+
+// dropSlots drops the replication slots of database name, until none is
+// left or ctx ends. The walsender of an active slot is terminated, and the
+// slot dropped once it is inactive; a slot dropped meanwhile by someone
+// else (or a temporary slot gone with its session) is not an error.
+func dropSlots(ctx context.Context, conn *pgx.Conn, name string) error {
+	for {
+		rows, err := conn.Query(ctx, `SELECT slot_name::text, active_pid FROM pg_replication_slots WHERE database = $1`, name)
+		if err != nil {
+			return fmt.Errorf("list replication slots: %w", err)
+		}
+		slots, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (replicationSlot, error) {
+			var s replicationSlot
+			err := row.Scan(&s.name, &s.pid)
+			return s, err
+		})
+		if err != nil {
+			return fmt.Errorf("list replication slots: %w", err)
+		}
+		if len(slots) == 0 {
+			return nil
+		}
+		busy := 0
+		for _, s := range slots {
+			if s.pid != nil {
+				busy++
+				if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend($1)`, *s.pid); err != nil {
+					return fmt.Errorf("terminate walsender %d of slot %s: %w", *s.pid, s.name, err)
+				}
+				continue
+			}
+			_, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, s.name)
+			var pgErr *pgconn.PgError
+			switch {
+			case err == nil, errors.As(err, &pgErr) && pgErr.Code == codeUndefinedObject:
+			case errors.As(err, &pgErr) && pgErr.Code == codeObjectInUse: // taken again meanwhile
+				busy++
+			default:
+				return fmt.Errorf("drop replication slot %s: %w", s.name, err)
+			}
+		}
+		if busy == 0 {
+			continue // look again: a slot may have been created meanwhile
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("replication slots of %s still active: %w", name, context.Cause(ctx))
+		case <-time.After(slotPollInterval):
+		}
+	}
 }
 
 func (e Env) adminExec(ctx context.Context, sql string) error {

@@ -22,7 +22,17 @@ const outboxmillBatch = 10
 // on a loaded machine.
 func Outboxmill() Kind {
 	k := outboxmillKind()
-	k.Peers = []Kind{watermillKind()}
+	k.Peers = []Kind{watermillKind(), cdcKind()}
+	return k
+}
+
+// CDC is the kind relay.KindCDC (relay.NewCDC): the Outboxmill relay
+// reading a replication slot, with the same batches, window and bound as
+// Outboxmill; both polling kinds are its peers, and the hand-overs go
+// through a new slot each time the kind comes back.
+func CDC() Kind {
+	k := cdcKind()
+	k.Peers = []Kind{outboxmillKind(), watermillKind()}
 	return k
 }
 
@@ -33,7 +43,7 @@ func Outboxmill() Kind {
 // lock rather than keeping one active.
 func Watermill() Kind {
 	k := watermillKind()
-	k.Peers = []Kind{outboxmillKind()}
+	k.Peers = []Kind{outboxmillKind(), cdcKind()}
 	return k
 }
 
@@ -62,6 +72,30 @@ func outboxmillKind() Kind {
 			})
 		},
 	}
+}
+
+func cdcKind() Kind {
+	k := outboxmillKind()
+	k.Name = relay.KindCDC
+	k.New = func(_ testing.TB, env Env) (relay.Relay, error) {
+		return relay.NewCDC(env.DB, relay.Config{
+			Outbox:            env.Outbox,
+			AMQPURL:           env.AMQPURL,
+			Exchange:          env.Exchange,
+			ConsumerGroup:     env.ConsumerGroup,
+			PollInterval:      50 * time.Millisecond,
+			MinPollInterval:   5 * time.Millisecond,
+			RetryInterval:     50 * time.Millisecond,
+			StandbyInterval:   20 * time.Millisecond,
+			BatchSize:         outboxmillBatch,
+			Window:            4 * outboxmillBatch,
+			StatusInterval:    50 * time.Millisecond,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RequireRoute:      env.Topology.Router(env.Exchange),
+			Logger:            env.Logger,
+		})
+	}
+	return k
 }
 
 func watermillKind() Kind {

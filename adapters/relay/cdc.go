@@ -1,0 +1,937 @@
+package relay
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/outboxmill/outboxmill/internal/trace"
+)
+
+// KindCDC is the relay that reads the outbox through PostgreSQL's logical
+// replication (see NewCDC).
+const KindCDC = "cdc"
+
+// HeartbeatPrefix is the prefix of the logical decoding messages a CDC relay
+// emits in its database (pg_logical_emit_message) so that its slot moves on
+// while the outbox is idle.
+const HeartbeatPrefix = "outboxmill.heartbeat"
+
+// NewCDC returns a relay of kind KindCDC over the outbox in db, which must
+// be opened with pgx's stdlib driver: the relay opens its replication
+// connection with the same settings. It is the Outboxmill relay (the same
+// stream, window, lease, set-aside rows and position table) reading the
+// outbox's inserts from a replication slot with pgoutput instead of polling
+// the table:
+//
+//   - a publication of the outbox table (inserts only; Config.Publication)
+//     and a slot per outbox and consumer group (Config.Slot), created by the
+//     relay when missing;
+//   - transactions come in commit order, as they commit, whatever runs on
+//     the server: no wait for older open transactions, and no polling;
+//   - the slot's confirmed position, and the position recorded in
+//     outbox_cdc_positions, move only past transactions whose every event the
+//     broker confirmed; a restart resumes there;
+//   - the offsets table's position is kept in step (see feed.store), so that
+//     a polling relay can take over; a CDC relay that finds it moved by
+//     another kind reads the outbox from it into a new slot, through the
+//     slot's exported snapshot, and streams from there;
+//   - a slot that is lost or dropped is recreated the same way, and when no
+//     slot can be had (wal_level is not logical, no free slot, no
+//     REPLICATION privilege) the relay polls, loudly, for
+//     Config.FallbackInterval before it tries again.
+func NewCDC(db *sqlx.DB, config Config) (*Outboxmill, error) {
+	r, err := NewOutboxmill(db, config)
+	if err != nil {
+		return nil, err
+	}
+	r.logical = true
+	r.logger = r.logger.With("relay_kind", KindCDC)
+	return r, nil
+}
+
+// errFallbackOver ends a stream that polled while no replication slot could
+// be had: the relay tries the slot again at once.
+var errFallbackOver = errors.New("relay: polling fallback over; trying the replication slot again")
+
+// SlotMetrics receives a CDC relay's slot health. A Config.Metrics that
+// implements it gets it; adapters/metrics.Relay does.
+type SlotMetrics interface {
+	// Slot reports the slot's WAL status (pg_replication_slots.wal_status:
+	// reserved, extended, unreserved or lost), the WAL it retains in bytes
+	// (from its restart_lsn) and how far its confirmed position is behind
+	// the server's WAL in bytes.
+	Slot(walStatus string, retainedBytes, confirmedLagBytes int64)
+	// Fallback reports whether the relay polls because no replication slot
+	// could be had.
+	Fallback(polling bool)
+	// SlotRecreated reports a slot the relay created again: it was lost,
+	// dropped, or left behind by another relay kind.
+	SlotRecreated()
+}
+
+// lsnOf parses an LSN in PostgreSQL's text form.
+func lsnOf(s string) (uint64, error) {
+	l, err := pglogrepl.ParseLSN(s)
+	return uint64(l), err
+}
+
+// sample is a point at which every transaction below xmin had ended and
+// its commit record was in the WAL before lsn.
+type sample struct {
+	xmin string // xid8 in text form
+	lsn  uint64
+}
+
+// maxSamples bounds the samples a feed keeps while its stream is not past
+// them; older ones are dropped (the position then moves less far).
+const maxSamples = 64
+
+// feed streams an outbox's inserts from a replication slot into a stream.
+// Its reader goroutine owns the replication connection's reads; status
+// updates are written from the same goroutine (a connection can be read
+// and written at once, not written from two goroutines).
+type feed struct {
+	r           *Outboxmill
+	conn        *pgconn.PgConn
+	slot        string
+	publication string
+	start       uint64 // where streaming starts
+
+	// Set when the slot is new: the outbox rows after from in the slot's
+	// exported snapshot are read first (see catchUp).
+	catchup *sqlx.Tx
+	from    position
+
+	ack      atomic.Uint64 // stored: every transaction committed before it is forwarded and marked
+	received atomic.Uint64 // the end of what the stream has received
+
+	// The position writer's own.
+	samples []sample
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	reading  bool          // read was started
+	done     chan struct{} // closed when read returns
+	recvDone chan struct{} // closed when receive returns; nil until it starts
+}
+
+// slotName is the default replication slot of an outbox and consumer group
+// in database db: slots are named per server, so the name depends on all
+// three.
+func slotName(db, topic, group string) string {
+	h := sha256.Sum256([]byte(db + "\x00" + topic + "\x00" + group))
+	return "outboxmill_" + identPart(topic, 24) + "_" + hex.EncodeToString(h[:6])
+}
+
+// publicationName is the default publication of an outbox.
+func publicationName(topic string) string { return "outboxmill_" + identPart(topic, 40) }
+
+// identPart is s as lowercase letters, digits and underscores, at most n
+// bytes: what a slot name may hold.
+func identPart(s string, n int) string {
+	var b strings.Builder
+	for _, c := range strings.ToLower(s) {
+		if b.Len() == n {
+			break
+		}
+		if c >= 'a' && c <= 'z' || c >= '0' && c <= '9' {
+			b.WriteRune(c)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
+
+// slotState is a replication slot as pg_replication_slots shows it.
+type slotState struct {
+	exists    bool
+	database  string
+	walStatus string
+	activePID sql.NullInt64
+}
+
+// cdcRecord is a row of outbox_cdc_positions.
+type cdcRecord struct {
+	found bool
+	slot  string
+	lsn   uint64
+	pos   position
+}
+
+// openFeed opens the replication connection and the slot of the outbox,
+// creating what is missing: it resumes the slot where the record says, or,
+// when there is no record, the slot is gone or lost, or the offsets position
+// moved since the record (another relay kind ran), it creates the slot again
+// and reads the outbox after pos from the slot's snapshot first. Call close
+// when done with it.
+func (r *Outboxmill) openFeed(ctx context.Context, l *lease, pos position) (_ *feed, err error) {
+	var dbName string
+	if err := r.db.GetContext(ctx, &dbName, `SELECT current_database()`); err != nil {
+		return nil, fmt.Errorf("cdc: %w", err)
+	}
+	f := &feed{r: r, slot: r.config.Slot, publication: r.config.Publication,
+		stop: make(chan struct{}), done: make(chan struct{})}
+	if f.slot == "" {
+		f.slot = slotName(dbName, r.config.Outbox.Topic, r.config.ConsumerGroup)
+	}
+	if f.publication == "" {
+		f.publication = publicationName(r.config.Outbox.Topic)
+	}
+	if err := r.ensurePublication(ctx, f.publication); err != nil {
+		return nil, err
+	}
+	if f.conn, err = r.replicationConn(ctx); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			f.closeConn()
+		}
+	}()
+	rec, err := r.loadCDCRecord(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st, err := r.slotState(ctx, f.slot)
+	if err != nil {
+		return nil, err
+	}
+	if st.exists && st.database != dbName {
+		return nil, fmt.Errorf("cdc: replication slot %s belongs to database %s, not %s (set Config.Slot)", f.slot, st.database, dbName)
+	}
+	switch {
+	case rec.found && rec.slot == f.slot && st.exists && st.walStatus != "lost" && rec.pos == pos:
+		if err := r.endOtherWalsender(ctx, f.slot, st); err != nil {
+			return nil, err
+		}
+		f.start = rec.lsn
+		f.ack.Store(rec.lsn)
+		r.logger.Info("cdc relay resuming its replication slot", "slot", f.slot, "lsn", pglogrepl.LSN(rec.lsn).String())
+		return f, nil
+	case !rec.found && !st.exists:
+		r.logger.Info("cdc relay creating its replication slot", "slot", f.slot, "publication", f.publication)
+	case st.walStatus == "lost":
+		r.logger.Error("cdc relay: replication slot lost (its WAL was removed); re-reading the outbox from the stored position into a new slot",
+			"slot", f.slot, "position_tx", pos.txID, "position_offset", pos.offset)
+	case rec.found && !st.exists:
+		r.logger.Error("cdc relay: replication slot dropped; re-reading the outbox from the stored position into a new slot",
+			"slot", f.slot, "position_tx", pos.txID, "position_offset", pos.offset)
+	default:
+		r.logger.Warn("cdc relay: the stored position is not the one this relay kind left (another relay kind ran); reading the outbox from it into a new slot",
+			"slot", f.slot, "position_tx", pos.txID, "position_offset", pos.offset)
+	}
+	if err := r.recreateSlot(ctx, l, f, st); err != nil {
+		return nil, err
+	}
+	f.from = pos
+	return f, nil
+}
+
+// recreateSlot drops f's slot if it exists, forgets the record (a crash
+// before the new slot's first mark must not resume it from the old
+// record), creates the slot and imports its snapshot into f.catchup.
+func (r *Outboxmill) recreateSlot(ctx context.Context, l *lease, f *feed, st slotState) error {
+	if err := l.use(ctx, func(ctx context.Context, conn *sqlx.Conn) error {
+		_, err := conn.ExecContext(ctx, `DELETE FROM outbox_cdc_positions WHERE outbox = $1 AND consumer_group = $2`,
+			r.config.Outbox.Topic, r.config.ConsumerGroup)
+		return err
+	}); err != nil {
+		return fmt.Errorf("cdc: forget the slot's record: %w", err)
+	}
+	if st.exists {
+		if err := r.endOtherWalsender(ctx, f.slot, st); err != nil {
+			return err
+		}
+		if err := pglogrepl.DropReplicationSlot(ctx, f.conn, f.slot, pglogrepl.DropReplicationSlotOptions{Wait: true}); err != nil {
+			return fmt.Errorf("cdc: drop replication slot %s: %w", f.slot, err)
+		}
+		if m, ok := r.config.Metrics.(SlotMetrics); ok {
+			m.SlotRecreated()
+		}
+	}
+	res, err := pglogrepl.CreateReplicationSlot(ctx, f.conn, f.slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{SnapshotAction: "EXPORT_SNAPSHOT", Mode: pglogrepl.LogicalReplication})
+	if err != nil {
+		return fmt.Errorf("cdc: create replication slot %s: %w", f.slot, err)
+	}
+	if f.start, err = lsnOf(res.ConsistentPoint); err != nil {
+		return fmt.Errorf("cdc: slot %s: consistent point %q: %w", f.slot, res.ConsistentPoint, err)
+	}
+	// The snapshot stays valid until the replication connection runs its
+	// next command: import it before starting replication.
+	tx, err := r.db.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	if err != nil {
+		return fmt.Errorf("cdc: read the outbox in the slot's snapshot: %w", err)
+	}
+	var xmin string
+	if _, err = tx.ExecContext(ctx, `SET TRANSACTION SNAPSHOT '`+strings.ReplaceAll(res.SnapshotName, "'", "''")+`'`); err == nil {
+		err = tx.GetContext(ctx, &xmin, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text`)
+	}
+	if err != nil {
+		_ = tx.Rollback()
+		return fmt.Errorf("cdc: import the slot's snapshot: %w", err)
+	}
+	f.catchup = tx
+	// Every transaction below the snapshot's xmin committed before the
+	// consistent point: once the stream is past it, they are all forwarded.
+	f.samples = []sample{{xmin: xmin, lsn: f.start}}
+	return nil
+}
+
+// ensurePublication creates the outbox's publication (inserts only) unless
+// it exists.
+func (r *Outboxmill) ensurePublication(ctx context.Context, name string) error {
+	var exists bool
+	if err := r.db.GetContext(ctx, &exists, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, name); err != nil {
+		return fmt.Errorf("cdc: look up publication %s: %w", name, err)
+	}
+	if exists {
+		return nil
+	}
+	_, err := r.db.ExecContext(ctx, `CREATE PUBLICATION `+pgx.Identifier{name}.Sanitize()+` FOR TABLE `+
+		r.config.Outbox.Table()+` WITH (publish = 'insert')`)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // duplicate_object: created meanwhile
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cdc: create publication %s: %w", name, err)
+	}
+	return nil
+}
+
+// replicationConn opens a logical replication connection with the settings
+// of the relay's database pool.
+func (r *Outboxmill) replicationConn(ctx context.Context) (*pgconn.PgConn, error) {
+	c, err := r.db.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("cdc: %w", err)
+	}
+	var cfg *pgconn.Config
+	err = c.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("cdc: the relay's database must be opened with pgx's stdlib driver, not %T", dc)
+		}
+		cfg = sc.Conn().Config().Config.Copy()
+		return nil
+	})
+	_ = c.Close()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("cdc: open replication connection: %w", err)
+	}
+	return conn, nil
+}
+
+func (r *Outboxmill) loadCDCRecord(ctx context.Context) (cdcRecord, error) {
+	var rec cdcRecord
+	var lsn string
+	err := r.db.QueryRowxContext(ctx, `
+		SELECT slot_name, lsn::text, position_tx::text, position_offset FROM outbox_cdc_positions
+		WHERE outbox = $1 AND consumer_group = $2`, r.config.Outbox.Topic, r.config.ConsumerGroup).
+		Scan(&rec.slot, &lsn, &rec.pos.txID, &rec.pos.offset)
+	if errors.Is(err, sql.ErrNoRows) {
+		return rec, nil
+	}
+	if err != nil {
+		return rec, fmt.Errorf("cdc: load slot record: %w", err)
+	}
+	rec.found = true
+	if rec.lsn, err = lsnOf(lsn); err != nil {
+		return rec, fmt.Errorf("cdc: slot record lsn %q: %w", lsn, err)
+	}
+	return rec, nil
+}
+
+func (r *Outboxmill) slotState(ctx context.Context, slot string) (slotState, error) {
+	var st slotState
+	var walStatus sql.NullString
+	err := r.db.QueryRowxContext(ctx, `
+		SELECT database, wal_status, active_pid FROM pg_replication_slots WHERE slot_name = $1`, slot).
+		Scan(&st.database, &walStatus, &st.activePID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return st, nil
+	}
+	if err != nil {
+		return st, fmt.Errorf("cdc: look up replication slot %s: %w", slot, err)
+	}
+	st.exists, st.walStatus = true, walStatus.String
+	return st, nil
+}
+
+// endOtherWalsender ends the session that still streams from the slot: it
+// belongs to a relay that lost its lease (this one holds it), killed or
+// frozen without its connection being closed yet. It waits until the slot
+// is free.
+func (r *Outboxmill) endOtherWalsender(ctx context.Context, slot string, st slotState) error {
+	if !st.activePID.Valid {
+		return nil
+	}
+	r.logger.Warn("cdc relay: ending the session of a former relay still on the slot", "slot", slot, "pid", st.activePID.Int64)
+	if _, err := r.db.ExecContext(ctx, `SELECT pg_terminate_backend($1)`, st.activePID.Int64); err != nil {
+		return fmt.Errorf("cdc: end the former relay's session on slot %s: %w", slot, err)
+	}
+	deadline := time.Now().Add(r.config.LeaseTimeout)
+	for {
+		now, err := r.slotState(ctx, slot)
+		if err != nil {
+			return err
+		}
+		if !now.activePID.Valid {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cdc: replication slot %s still in use by pid %d", slot, now.activePID.Int64)
+		}
+		if !sleepCtx(ctx, 10*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+}
+
+// fallBackWorthy reports whether err, from openFeed, means that no slot can
+// be had for now (the server refused: wal_level, privileges, no free slot),
+// so that the relay should poll meanwhile, rather than a lost connection.
+func fallBackWorthy(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr)
+}
+
+// setFallback reports whether the relay polls for want of a slot.
+func (r *Outboxmill) setFallback(polling bool) {
+	if m, ok := r.config.Metrics.(SlotMetrics); ok {
+		m.Fallback(polling)
+	}
+}
+
+// read feeds the stream: the rows of the slot's snapshot first, when the
+// slot is new, then the transactions streamed from the slot, each as rows
+// in commit order, the last row of a transaction carrying its end LSN. A
+// failure is sent as the last batch.
+func (f *feed) read(ctx context.Context, out chan<- batch) {
+	defer close(f.done)
+	if err := f.readAll(ctx, out); err != nil && ctx.Err() == nil {
+		select {
+		case out <- batch{err: err}:
+		case <-ctx.Done():
+		}
+	}
+}
+
+func (f *feed) readAll(ctx context.Context, out chan<- batch) error {
+	if f.catchup != nil {
+		if err := f.catchUp(ctx, out); err != nil {
+			return err
+		}
+	}
+	if err := pglogrepl.StartReplication(ctx, f.conn, f.slot, pglogrepl.LSN(f.start), pglogrepl.StartReplicationOptions{
+		Mode: pglogrepl.LogicalReplication,
+		PluginArgs: []string{"proto_version '1'", "publication_names '" + strings.ReplaceAll(f.publication, "'", "''") + "'",
+			"messages 'true'"},
+	}); err != nil {
+		return fmt.Errorf("cdc: start replication from slot %s: %w", f.slot, err)
+	}
+	f.received.Store(f.start)
+	msgs := make(chan walMessage, 1024)
+	f.recvDone = make(chan struct{})
+	go f.receive(msgs)
+	return f.stream(ctx, msgs, out)
+}
+
+// catchUp sends the outbox rows after f.from that the slot's snapshot
+// sees, in (transaction_id, offset) order, then a mark at the slot's
+// consistent point: every transaction committed before it is among them.
+func (f *feed) catchUp(ctx context.Context, out chan<- batch) error {
+	defer func() {
+		_ = f.catchup.Rollback()
+		f.catchup = nil
+	}()
+	from := f.from
+	n := 0
+	for {
+		rows, err := f.snapshotBatch(ctx, from)
+		if err != nil {
+			return err
+		}
+		n += len(rows)
+		if len(rows) > 0 {
+			from = rows[len(rows)-1].pos
+			if !send(ctx, out, rows) {
+				return nil
+			}
+		}
+		if len(rows) < f.r.config.BatchSize {
+			break
+		}
+	}
+	f.r.logger.Info("cdc relay read the outbox into its new slot; streaming", "slot", f.slot, "rows", n)
+	send(ctx, out, []row{{tick: true, lsn: f.start}})
+	return nil
+}
+
+func send(ctx context.Context, out chan<- batch, rows []row) bool {
+	select {
+	case out <- batch{rows: rows}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (f *feed) snapshotBatch(ctx context.Context, from position) ([]row, error) {
+	rs, err := f.catchup.QueryContext(ctx, `
+		SELECT m.transaction_id::text, m."offset", m.uuid, m.payload::text
+		FROM `+f.r.config.Outbox.Table()+` m
+		WHERE (m.transaction_id, m."offset") > ($1::xid8, $2::bigint)
+		ORDER BY m.transaction_id, m."offset"
+		LIMIT $3`, from.txID, from.offset, f.r.config.BatchSize)
+	if err != nil {
+		return nil, fmt.Errorf("cdc: read the outbox in the slot's snapshot: %w", err)
+	}
+	defer rs.Close()
+	var rows []row
+	for rs.Next() {
+		var (
+			pos     position
+			uuid    string
+			payload sql.NullString
+		)
+		if err := rs.Scan(&pos.txID, &pos.offset, &uuid, &payload); err != nil {
+			return nil, fmt.Errorf("cdc: read the outbox in the slot's snapshot: %w", err)
+		}
+		rows = append(rows, newRow(pos, uuid, []byte(payload.String)))
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("cdc: read the outbox in the slot's snapshot: %w", err)
+	}
+	return rows, nil
+}
+
+// walMessage is what the receiving goroutine hands on: the data of one
+// CopyData message of the replication stream, or the error that ended it.
+type walMessage struct {
+	data []byte
+	err  error
+}
+
+// receive reads the replication stream until the connection fails or is
+// closed, and hands each message on to msgs.
+func (f *feed) receive(msgs chan<- walMessage) {
+	defer close(f.recvDone)
+	for {
+		m, err := f.conn.ReceiveMessage(context.Background())
+		var out walMessage
+		switch m := m.(type) {
+		case *pgproto3.CopyData:
+			out.data = append([]byte(nil), m.Data...)
+		case *pgproto3.ErrorResponse:
+			out.err = pgconn.ErrorResponseToPgError(m)
+		default:
+			if err == nil {
+				continue // notices, parameter status
+			}
+			out.err = err
+		}
+		select {
+		case msgs <- out:
+		case <-f.stop:
+			return
+		}
+		if out.err != nil {
+			return
+		}
+	}
+}
+
+// relation is the columns of the outbox table as the stream names them.
+type relation struct {
+	tx, offset, uuid, payload int
+}
+
+// stream turns the messages received into batches of rows for the stream,
+// taking all that has come while the stream was busy into one batch, and
+// sends the slot's status: every Config.StatusInterval, and whenever the
+// server asks.
+func (f *feed) stream(ctx context.Context, msgs <-chan walMessage, out chan<- batch) error {
+	status := time.NewTicker(f.r.config.StatusInterval)
+	defer status.Stop()
+	rels := map[uint32]relation{}
+	var (
+		pending  []row // to send
+		inTx     []row // of the transaction being received
+		open     bool  // between a Begin and its Commit
+		lastTick time.Time
+	)
+	tick := func(lsn uint64) {
+		if open || time.Since(lastTick) < f.r.config.StatusInterval {
+			return
+		}
+		lastTick = time.Now()
+		if n := len(pending); n > 0 && pending[n-1].tick {
+			pending[n-1].lsn = lsn
+			return
+		}
+		pending = append(pending, row{tick: true, lsn: lsn})
+	}
+	for {
+		in, outc := msgs, out
+		if len(pending) >= f.r.config.BatchSize {
+			in = nil // the stream is behind: let the server wait
+		}
+		if len(pending) == 0 {
+			outc = nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-status.C:
+			if err := f.sendStatus(false); err != nil {
+				return err
+			}
+		case outc <- batch{rows: pending}:
+			pending = nil
+		case m := <-in:
+			if m.err != nil {
+				return fmt.Errorf("cdc: replication stream of slot %s: %w", f.slot, m.err)
+			}
+			if len(m.data) == 0 {
+				continue
+			}
+			switch m.data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				k, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.data[1:])
+				if err != nil {
+					return fmt.Errorf("cdc: %w", err)
+				}
+				f.noteReceived(uint64(k.ServerWALEnd))
+				// Every transaction before the server's end has been sent.
+				tick(uint64(k.ServerWALEnd))
+				if k.ReplyRequested {
+					if err := f.sendStatus(false); err != nil {
+						return err
+					}
+				}
+			case pglogrepl.XLogDataByteID:
+				x, err := pglogrepl.ParseXLogData(m.data[1:])
+				if err != nil {
+					return fmt.Errorf("cdc: %w", err)
+				}
+				lm, err := pglogrepl.Parse(x.WALData)
+				if err != nil {
+					return fmt.Errorf("cdc: decode pgoutput message: %w", err)
+				}
+				switch lm := lm.(type) {
+				case *pglogrepl.RelationMessage:
+					rel, err := f.relation(lm)
+					if err != nil {
+						return err
+					}
+					rels[lm.RelationID] = rel
+				case *pglogrepl.BeginMessage:
+					open, inTx = true, inTx[:0]
+				case *pglogrepl.InsertMessage:
+					rel, ok := rels[lm.RelationID]
+					if !ok {
+						return fmt.Errorf("cdc: insert into relation %d before its description", lm.RelationID)
+					}
+					x, err := rel.row(lm.Tuple)
+					if err != nil {
+						return err
+					}
+					inTx = append(inTx, x)
+				case *pglogrepl.CommitMessage:
+					open = false
+					end := uint64(lm.TransactionEndLSN)
+					if n := len(inTx); n > 0 {
+						inTx[n-1].lsn, inTx[n-1].txEnd = end, true
+						if trace.On() {
+							for _, x := range inTx {
+								if x.msg != nil {
+									trace.Mark(trace.Read, x.msg.UUID)
+								}
+							}
+						}
+						pending = append(pending, inTx...)
+						inTx = nil
+					}
+					f.noteReceived(end)
+				case *pglogrepl.LogicalDecodingMessage:
+					if !lm.Transactional {
+						f.noteReceived(uint64(lm.LSN))
+						tick(uint64(lm.LSN))
+					}
+				}
+			}
+		}
+	}
+}
+
+// relation maps the outbox table's columns as the stream describes them.
+func (f *feed) relation(m *pglogrepl.RelationMessage) (relation, error) {
+	rel := relation{tx: -1, offset: -1, uuid: -1, payload: -1}
+	for i, c := range m.Columns {
+		switch c.Name {
+		case "transaction_id":
+			rel.tx = i
+		case "offset":
+			rel.offset = i
+		case "uuid":
+			rel.uuid = i
+		case "payload":
+			rel.payload = i
+		}
+	}
+	if rel.tx < 0 || rel.offset < 0 || rel.uuid < 0 || rel.payload < 0 {
+		return rel, fmt.Errorf("cdc: relation %s.%s in publication %s is not an outbox table", m.Namespace, m.RelationName, f.publication)
+	}
+	return rel, nil
+}
+
+// row decodes one inserted outbox row.
+func (rel relation) row(t *pglogrepl.TupleData) (row, error) {
+	col := func(i int) (string, bool) {
+		if t == nil || i >= len(t.Columns) || t.Columns[i].DataType != pglogrepl.TupleDataTypeText {
+			return "", false
+		}
+		return string(t.Columns[i].Data), true
+	}
+	tx, okTx := col(rel.tx)
+	off, okOff := col(rel.offset)
+	if !okTx || !okOff {
+		return row{}, errors.New("cdc: an outbox insert without its transaction_id or offset")
+	}
+	offset, err := strconv.ParseInt(off, 10, 64)
+	if err != nil {
+		return row{}, fmt.Errorf("cdc: outbox offset %q: %w", off, err)
+	}
+	uuid, _ := col(rel.uuid)
+	payload, _ := col(rel.payload) // NULL: empty, as the polling relays read it
+	return newRow(position{txID: tx, offset: offset}, uuid, []byte(payload)), nil
+}
+
+func (f *feed) noteReceived(lsn uint64) {
+	if lsn > f.received.Load() {
+		f.received.Store(lsn)
+	}
+}
+
+// sendStatus tells the server what the relay received (write) and what
+// it forwarded and marked (flush and apply: the slot's confirmed position
+// moves only that far). Both are set: pglogrepl would otherwise take the
+// write position for the others.
+func (f *feed) sendStatus(reply bool) error {
+	ack := f.ack.Load()
+	if ack == 0 {
+		ack = f.start // a new slot confirms its consistent point already
+	}
+	if ack == 0 {
+		return nil
+	}
+	write := max(f.received.Load(), ack)
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), f.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: pglogrepl.LSN(write),
+		WALFlushPosition: pglogrepl.LSN(ack),
+		WALApplyPosition: pglogrepl.LSN(ack),
+		ReplyRequested:   reply,
+	})
+	if err != nil {
+		return fmt.Errorf("cdc: send status of slot %s: %w", f.slot, err)
+	}
+	return nil
+}
+
+// store marks rows, settled in stream order, as the position writer does
+// for a polling relay (see positionWriter.store), and returns the position
+// stored in the offsets table. In one transaction on the lease's session:
+//
+//   - the rows to set aside are recorded;
+//   - a sample of the server's oldest running transaction and WAL position
+//     is taken, and the newest sample the stream is past (every transaction
+//     committed before it is marked) gives the offsets position: the last
+//     outbox row of a transaction below the sample's xmin. Every row at or
+//     before it is forwarded, so a polling relay that takes over from it
+//     loses nothing, and re-sends what was forwarded since the sample;
+//   - the offsets position moves there (compare-and-set from prev);
+//   - outbox_cdc_positions records the LSN past every transaction marked,
+//     and the offsets position stored with it.
+//
+// Once committed, the slot's status may confirm that LSN.
+func (f *feed) store(ctx context.Context, l *lease, prev position, rows, aside []row) (position, error) {
+	r := f.r
+	ack := f.ack.Load()
+	for _, x := range rows {
+		if x.txEnd && x.lsn > ack {
+			ack = x.lsn
+		}
+	}
+	next := prev
+	err := l.use(ctx, func(ctx context.Context, conn *sqlx.Conn) error {
+		tx, err := conn.BeginTxx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("store relay position: %w", err)
+		}
+		defer tx.Rollback()
+		if err := r.setAside(ctx, tx, aside); err != nil {
+			return err
+		}
+		var s sample
+		var lsn string
+		if err := tx.QueryRowxContext(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text, pg_current_wal_insert_lsn()::text`).
+			Scan(&s.xmin, &lsn); err != nil {
+			return fmt.Errorf("store relay position: %w", err)
+		}
+		if s.lsn, err = lsnOf(lsn); err != nil {
+			return fmt.Errorf("store relay position: %w", err)
+		}
+		samples := f.samples
+		if len(samples) == maxSamples {
+			samples = samples[1:]
+		}
+		samples = append(samples, s)
+		past := -1
+		for i, s := range samples {
+			if s.lsn <= ack {
+				past = i
+			}
+		}
+		if past >= 0 {
+			var p position
+			err := tx.QueryRowxContext(ctx, `
+				SELECT m.transaction_id::text, m."offset" FROM `+r.config.Outbox.Table()+` m
+				WHERE m.transaction_id < $1::xid8 AND (m.transaction_id, m."offset") > ($2::xid8, $3::bigint)
+				ORDER BY m.transaction_id DESC, m."offset" DESC LIMIT 1`, samples[past].xmin, prev.txID, prev.offset).
+				Scan(&p.txID, &p.offset)
+			switch {
+			case err == nil:
+				next = p
+			case !errors.Is(err, sql.ErrNoRows):
+				return fmt.Errorf("store relay position: %w", err)
+			}
+			samples = samples[past+1:]
+		}
+		if next != prev {
+			if err := r.movePosition(ctx, tx, prev, next); err != nil {
+				return err
+			}
+		}
+		if ack > 0 {
+			if _, err := tx.ExecContext(ctx, `
+				INSERT INTO outbox_cdc_positions (outbox, consumer_group, slot_name, lsn, position_tx, position_offset)
+				VALUES ($1, $2, $3, $4::pg_lsn, $5::xid8, $6)
+				ON CONFLICT (outbox, consumer_group) DO UPDATE SET slot_name = excluded.slot_name, lsn = excluded.lsn,
+					position_tx = excluded.position_tx, position_offset = excluded.position_offset, updated_at = now()`,
+				r.config.Outbox.Topic, r.config.ConsumerGroup, f.slot, pglogrepl.LSN(ack).String(), next.txID, next.offset); err != nil {
+				return fmt.Errorf("store relay position: record slot position: %w", err)
+			}
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("store relay position: commit: %w", err)
+		}
+		f.samples = samples
+		return nil
+	})
+	if err != nil {
+		return prev, err
+	}
+	f.ack.Store(ack)
+	return next, nil
+}
+
+// heartbeat emits a logical decoding message in the outbox's database and
+// reports the slot's health, every Config.HeartbeatInterval until ctx
+// ends: the message reaches the relay through its slot even while the
+// outbox is idle, so the slot's confirmed position follows the server's WAL
+// instead of retaining it while other databases write.
+func (f *feed) heartbeat(ctx context.Context) {
+	t := time.NewTicker(f.r.config.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := f.r.db.ExecContext(ctx, `SELECT pg_logical_emit_message(false, $1, '')`, HeartbeatPrefix); err != nil && ctx.Err() == nil {
+			f.r.logger.Warn("cdc relay: heartbeat failed", "err", err)
+		}
+		f.reportSlot(ctx)
+	}
+}
+
+// reportSlot reports the slot's health to SlotMetrics.
+func (f *feed) reportSlot(ctx context.Context) {
+	m, ok := f.r.config.Metrics.(SlotMetrics)
+	if !ok {
+		return
+	}
+	var (
+		status              sql.NullString
+		retained, confirmed sql.NullFloat64
+	)
+	err := f.r.db.QueryRowxContext(ctx, `
+		SELECT wal_status, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)
+		FROM pg_replication_slots WHERE slot_name = $1`, f.slot).Scan(&status, &retained, &confirmed)
+	if err != nil {
+		if ctx.Err() == nil {
+			f.r.logger.Warn("cdc relay: read slot health", "slot", f.slot, "err", err)
+		}
+		return
+	}
+	m.Slot(status.String, int64(retained.Float64), int64(confirmed.Float64))
+}
+
+// close stops the feed's goroutines, sends the slot's last status and
+// closes the replication connection. Call it after the stream's last mark,
+// with read's ctx ended.
+func (f *feed) close() {
+	f.stopOnce.Do(func() { close(f.stop) })
+	if f.reading {
+		<-f.done
+	}
+	if f.catchup != nil { // read never ran
+		_ = f.catchup.Rollback()
+		f.catchup = nil
+	}
+	if f.recvDone != nil {
+		_ = f.sendStatus(false)
+		// The receiving goroutine reads the connection: close the socket
+		// under it, then the connection.
+		_ = f.conn.Conn().Close()
+		<-f.recvDone
+	}
+	f.closeConn()
+}
+
+func (f *feed) closeConn() {
+	if f.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = f.conn.Close(ctx)
+}
