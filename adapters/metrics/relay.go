@@ -8,7 +8,10 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/relay"
 )
 
-var _ relay.Metrics = (*Relay)(nil)
+var (
+	_ relay.Metrics     = (*Relay)(nil)
+	_ relay.SlotMetrics = (*Relay)(nil)
+)
 
 // Relay counts what a relay publishes: it implements relay.Metrics.
 type Relay struct {
@@ -21,6 +24,12 @@ type Relay struct {
 	setAside   prometheus.Counter
 	ahead      prometheus.Gauge
 	outbox     string
+
+	slotStatus    *prometheus.GaugeVec
+	slotRetained  prometheus.Gauge
+	slotLag       prometheus.Gauge
+	fallback      prometheus.Gauge
+	slotRecreated prometheus.Counter
 }
 
 // NewRelay returns the metrics of the relay of outbox outboxTopic, registered
@@ -34,6 +43,11 @@ type Relay struct {
 //	outboxmill_relay_throttled_seconds_total{outbox}   counter
 //	outboxmill_relay_set_aside_total{outbox}           counter
 //	outboxmill_relay_position_ahead{outbox}            gauge (1: restored database, relay refuses to run)
+//	outboxmill_relay_slot_wal_status{outbox,status}    gauge (cdc: 1 for the slot's wal_status)
+//	outboxmill_relay_slot_retained_bytes{outbox}       gauge (cdc: WAL the slot keeps, from its restart_lsn)
+//	outboxmill_relay_slot_confirmed_lag_bytes{outbox}  gauge (cdc: WAL past the slot's confirmed position)
+//	outboxmill_relay_slot_fallback{outbox}             gauge (cdc: 1 while it polls for want of a slot)
+//	outboxmill_relay_slot_recreated_total{outbox}      counter (cdc: slots created again)
 func NewRelay(reg prometheus.Registerer, outboxTopic string) (*Relay, error) {
 	published, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: "relay", Name: "published_total",
@@ -92,16 +106,23 @@ func NewRelay(reg prometheus.Registerer, outboxTopic string) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	slot, err := newSlotVecs(reg)
+	if err != nil {
+		return nil, err
+	}
 	return &Relay{
 		refused:    refused,
 		outbox:     outboxTopic,
 		throttled:  throttled.WithLabelValues(outboxTopic),
 		setAside:   setAside.WithLabelValues(outboxTopic),
 		ahead:      ahead.WithLabelValues(outboxTopic),
-		published:  published.WithLabelValues(outboxTopic),
-		failures:   failures.WithLabelValues(outboxTopic),
-		unroutable: unroutable.WithLabelValues(outboxTopic),
-		latency:    latency.WithLabelValues(outboxTopic),
+		slotStatus: slot.status, slotRetained: slot.retained.WithLabelValues(outboxTopic),
+		slotLag: slot.lag.WithLabelValues(outboxTopic), fallback: slot.fallback.WithLabelValues(outboxTopic),
+		slotRecreated: slot.recreated.WithLabelValues(outboxTopic),
+		published:     published.WithLabelValues(outboxTopic),
+		failures:      failures.WithLabelValues(outboxTopic),
+		unroutable:    unroutable.WithLabelValues(outboxTopic),
+		latency:       latency.WithLabelValues(outboxTopic),
 	}, nil
 }
 
@@ -134,3 +155,65 @@ func (r *Relay) PositionAhead(ahead bool) {
 	}
 	r.ahead.Set(0)
 }
+
+// slotVecs are the metrics of a CDC relay's replication slot.
+type slotVecs struct {
+	status                  *prometheus.GaugeVec
+	retained, lag, fallback *prometheus.GaugeVec
+	recreated               *prometheus.CounterVec
+}
+
+func newSlotVecs(reg prometheus.Registerer) (slotVecs, error) {
+	var v slotVecs
+	var err error
+	gauge := func(name, help string, labels ...string) *prometheus.GaugeVec {
+		if err != nil {
+			return nil
+		}
+		var g *prometheus.GaugeVec
+		g, err = register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Subsystem: "relay", Name: name, Help: help,
+		}, append([]string{"outbox"}, labels...)))
+		return g
+	}
+	v.status = gauge("slot_wal_status", "1 for the replication slot's wal_status (reserved, extended, unreserved, lost) of a cdc relay.", "status")
+	v.retained = gauge("slot_retained_bytes", "WAL the cdc relay's replication slot keeps on the server, from its restart_lsn.")
+	v.lag = gauge("slot_confirmed_lag_bytes", "WAL written since the cdc relay's replication slot's confirmed position.")
+	v.fallback = gauge("slot_fallback", "1 while the cdc relay polls the outbox because no replication slot could be had.")
+	if err != nil {
+		return v, err
+	}
+	v.recreated, err = register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "relay", Name: "slot_recreated_total",
+		Help: "Replication slots the cdc relay created again: lost, dropped, or left behind while another relay kind ran.",
+	}, []string{"outbox"}))
+	return v, err
+}
+
+// slotStatuses are the values of pg_replication_slots.wal_status.
+var slotStatuses = []string{"reserved", "extended", "unreserved", "lost"}
+
+// Slot implements relay.SlotMetrics.
+func (r *Relay) Slot(walStatus string, retainedBytes, confirmedLagBytes int64) {
+	for _, s := range slotStatuses {
+		v := 0.0
+		if s == walStatus {
+			v = 1
+		}
+		r.slotStatus.WithLabelValues(r.outbox, s).Set(v)
+	}
+	r.slotRetained.Set(float64(retainedBytes))
+	r.slotLag.Set(float64(confirmedLagBytes))
+}
+
+// Fallback implements relay.SlotMetrics.
+func (r *Relay) Fallback(polling bool) {
+	if polling {
+		r.fallback.Set(1)
+		return
+	}
+	r.fallback.Set(0)
+}
+
+// SlotRecreated implements relay.SlotMetrics.
+func (r *Relay) SlotRecreated() { r.slotRecreated.Inc() }

@@ -2,11 +2,14 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/outboxmill/outboxmill/domain"
@@ -150,8 +153,43 @@ func Initialize(ctx context.Context, db *sqlx.DB, config Config) error {
 			return fmt.Errorf("initialize outbox %s: %w", config.Topic, err)
 		}
 	}
+	if err := createPublication(ctx, tx, config); err != nil {
+		return err
+	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("initialize outbox %s: commit: %w", config.Topic, err)
+	}
+	return nil
+}
+
+// Publication is the name of the outbox's publication (inserts into its
+// table only), which a relay of kind cdc streams through its replication
+// slot: "outboxmill_" and the topic.
+func (c Config) Publication() string { return "outboxmill_" + c.Topic }
+
+// createPublication creates the outbox's publication unless it exists. A
+// role that may not create it (it needs CREATE on the database and to own
+// the table) leaves it to a role that may: the relay of kind cdc creates it
+// when it starts, or polls, loudly, until it exists.
+func createPublication(ctx context.Context, tx *sqlx.Tx, config Config) error {
+	var exists bool
+	if err := tx.GetContext(ctx, &exists, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, config.Publication()); err != nil {
+		return fmt.Errorf("initialize outbox %s: look up its publication: %w", config.Topic, err)
+	}
+	if exists {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT outbox_publication`); err != nil {
+		return fmt.Errorf("initialize outbox %s: %w", config.Topic, err)
+	}
+	_, err := tx.ExecContext(ctx, `CREATE PUBLICATION `+pgx.Identifier{config.Publication()}.Sanitize()+
+		` FOR TABLE `+config.Table()+` WITH (publish = 'insert')`)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+		_, err = tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT outbox_publication`)
+	}
+	if err != nil {
+		return fmt.Errorf("initialize outbox %s: create its publication: %w", config.Topic, err)
 	}
 	return nil
 }

@@ -139,9 +139,6 @@ func slotName(db, topic, group string) string {
 	return "outboxmill_" + identPart(topic, 24) + "_" + hex.EncodeToString(h[:6])
 }
 
-// publicationName is the default publication of an outbox.
-func publicationName(topic string) string { return "outboxmill_" + identPart(topic, 40) }
-
 // identPart is s as lowercase letters, digits and underscores, at most n
 // bytes: what a slot name may hold.
 func identPart(s string, n int) string {
@@ -192,7 +189,7 @@ func (r *Outboxmill) openFeed(ctx context.Context, l *lease, pos position) (_ *f
 		f.slot = slotName(dbName, r.config.Outbox.Topic, r.config.ConsumerGroup)
 	}
 	if f.publication == "" {
-		f.publication = publicationName(r.config.Outbox.Topic)
+		f.publication = r.config.Outbox.Publication()
 	}
 	if err := r.ensurePublication(ctx, f.publication); err != nil {
 		return nil, err
@@ -227,6 +224,10 @@ func (r *Outboxmill) openFeed(ctx context.Context, l *lease, pos position) (_ *f
 		return f, nil
 	case !rec.found && !st.exists:
 		r.logger.Info("cdc relay creating its replication slot", "slot", f.slot, "publication", f.publication)
+	case !rec.found:
+		// Created, but its stream never marked anything (the relay stopped
+		// before), so nothing says where it stands: start it again.
+		r.logger.Info("cdc relay creating its replication slot again: it has no recorded position yet", "slot", f.slot)
 	case st.walStatus == "lost":
 		r.logger.Error("cdc relay: replication slot lost (its WAL was removed); re-reading the outbox from the stored position into a new slot",
 			"slot", f.slot, "position_tx", pos.txID, "position_offset", pos.offset)
@@ -296,7 +297,7 @@ func (r *Outboxmill) recreateSlot(ctx context.Context, l *lease, f *feed, st slo
 }
 
 // ensurePublication creates the outbox's publication (inserts only) unless
-// it exists.
+// it exists. outbox.Initialize creates it already, when its role may.
 func (r *Outboxmill) ensurePublication(ctx context.Context, name string) error {
 	var exists bool
 	if err := r.db.GetContext(ctx, &exists, `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`, name); err != nil {

@@ -113,7 +113,7 @@ type Config struct {
 	Slot string
 	// Publication (cdc) is the publication of the outbox table the slot
 	// streams (inserts only); the relay creates it when missing. Default
-	// "outboxmill_" and the outbox topic.
+	// Outbox.Publication().
 	Publication string
 	// StatusInterval (cdc) is how often the relay tells the server how far
 	// it has forwarded, which lets the slot release WAL; also the least
