@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/internal/trace"
 )
 
@@ -935,4 +936,126 @@ func (f *feed) closeConn() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = f.conn.Close(ctx)
+}
+
+// SlotStatus is the replication slot of a cdc relay's outbox and consumer
+// group, as the server and the relay's record show it.
+type SlotStatus struct {
+	Outbox        string `json:"outbox"`
+	ConsumerGroup string `json:"consumer_group"`
+	Slot          string `json:"slot"`
+	// Exists is false for a slot the relay recorded and the server no
+	// longer has (dropped); the relay creates it again.
+	Exists bool `json:"exists"`
+	// ActivePID is the session streaming from the slot; 0: none.
+	ActivePID int64 `json:"active_pid"`
+	// WALStatus is pg_replication_slots.wal_status; "lost": the server
+	// removed WAL the slot needed, and the relay creates it again.
+	WALStatus string `json:"wal_status"`
+	// RetainedBytes is the WAL the slot keeps, from its restart_lsn.
+	RetainedBytes int64 `json:"retained_bytes"`
+	// ConfirmedLagBytes is the WAL written since the slot's confirmed
+	// position.
+	ConfirmedLagBytes int64 `json:"confirmed_lag_bytes"`
+	// ConfirmedLSN is the slot's confirmed position, RecordedLSN the
+	// relay's record (outbox_cdc_positions), empty when there is none.
+	ConfirmedLSN string `json:"confirmed_lsn"`
+	RecordedLSN  string `json:"recorded_lsn"`
+}
+
+// Slots returns the replication slots of box's cdc relays in db: one per
+// consumer group that has a record or a position, whose slot (the
+// recorded one, or the default name) exists or is recorded.
+func Slots(ctx context.Context, db *sqlx.DB, box outbox.Config) ([]SlotStatus, error) {
+	var dbName string
+	if err := db.GetContext(ctx, &dbName, `SELECT current_database()`); err != nil {
+		return nil, fmt.Errorf("cdc slots: %w", err)
+	}
+	type candidate struct{ group, slot, recorded string }
+	var cands []candidate
+	seen := map[string]bool{}
+	rows, err := db.QueryxContext(ctx, `
+		SELECT consumer_group, slot_name, lsn::text FROM outbox_cdc_positions WHERE outbox = $1 ORDER BY consumer_group`, box.Topic)
+	if err != nil {
+		return nil, fmt.Errorf("cdc slots: %w", err)
+	}
+	for rows.Next() {
+		var c candidate
+		if err := rows.Scan(&c.group, &c.slot, &c.recorded); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("cdc slots: %w", err)
+		}
+		cands, seen[c.group] = append(cands, c), true
+	}
+	rows.Close()
+	var groups []string
+	if err := db.SelectContext(ctx, &groups, `SELECT consumer_group FROM `+box.OffsetsTable()+` ORDER BY consumer_group`); err != nil {
+		return nil, fmt.Errorf("cdc slots: %w", err)
+	}
+	for _, g := range groups {
+		if !seen[g] {
+			cands = append(cands, candidate{group: g, slot: slotName(dbName, box.Topic, g)})
+		}
+	}
+	var out []SlotStatus
+	for _, c := range cands {
+		s := SlotStatus{Outbox: box.Topic, ConsumerGroup: c.group, Slot: c.slot, RecordedLSN: c.recorded}
+		var (
+			walStatus, confirmed sql.NullString
+			pid                  sql.NullInt64
+			retained, lag        sql.NullFloat64
+		)
+		err := db.QueryRowxContext(ctx, `
+			SELECT wal_status, active_pid, confirmed_flush_lsn::text,
+			       pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)
+			FROM pg_replication_slots WHERE slot_name = $1 AND database = current_database()`, c.slot).
+			Scan(&walStatus, &pid, &confirmed, &retained, &lag)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			if c.recorded == "" {
+				continue // a polling group, never run as cdc
+			}
+		case err != nil:
+			return nil, fmt.Errorf("cdc slots: %w", err)
+		default:
+			s.Exists, s.WALStatus, s.ActivePID, s.ConfirmedLSN = true, walStatus.String, pid.Int64, confirmed.String
+			s.RetainedBytes, s.ConfirmedLagBytes = int64(retained.Float64), int64(lag.Float64)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// ErrSlotActive is returned by DropSlot for a slot a relay streams from.
+var ErrSlotActive = errors.New("replication slot in use by a running cdc relay")
+
+// DropSlot drops the replication slot of box's cdc relay of consumer group
+// group in db, and its record, so that the server no longer keeps WAL for
+// it: for a relay retired or switched to a polling kind for good. The
+// stored position stays: a cdc relay started later creates a new slot and
+// reads the outbox from it. It refuses a slot in use (ErrSlotActive) and
+// reports whether there was a slot.
+func DropSlot(ctx context.Context, db *sqlx.DB, box outbox.Config, group string) (bool, error) {
+	slots, err := Slots(ctx, db, box)
+	if err != nil {
+		return false, err
+	}
+	for _, s := range slots {
+		if s.ConsumerGroup != group {
+			continue
+		}
+		if s.ActivePID != 0 {
+			return false, fmt.Errorf("cdc slot %s: %w (pid %d); stop the relay first", s.Slot, ErrSlotActive, s.ActivePID)
+		}
+		if s.Exists {
+			if _, err := db.ExecContext(ctx, `SELECT pg_drop_replication_slot($1)`, s.Slot); err != nil {
+				return false, fmt.Errorf("drop replication slot %s: %w", s.Slot, err)
+			}
+		}
+		if _, err := db.ExecContext(ctx, `DELETE FROM outbox_cdc_positions WHERE outbox = $1 AND consumer_group = $2`, box.Topic, group); err != nil {
+			return false, fmt.Errorf("drop replication slot %s: forget its record: %w", s.Slot, err)
+		}
+		return s.Exists, nil
+	}
+	return false, nil
 }
