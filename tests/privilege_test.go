@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -30,13 +31,21 @@ func TestLeastPrivilege_ServicesRunWithRuntimeRoles(t *testing.T) {
 	for _, tc := range []struct {
 		name             string
 		monolith, shared bool
+		cdc              bool
 	}{
-		{"services in their own databases", false, false},
-		{"monolith in one database", true, true},
+		{"services in their own databases", false, false, false},
+		{"monolith in one database", true, true, false},
+		// The cdc relay needs REPLICATION on top, and nothing else.
+		{"services with the cdc relay", false, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			s := newStack(t, stack.Config{LeastPrivilege: true, Monolith: tc.monolith, SharedDatabase: tc.shared, OrdersArgs: fastRelay})
+			cfg := stack.Config{LeastPrivilege: true, Monolith: tc.monolith, SharedDatabase: tc.shared, OrdersArgs: fastRelay}
+			if tc.cdc {
+				cfg.OrdersArgs = append(slices.Clone(fastRelay), "-relay-kind", "cdc")
+				cfg.RelayReplication = true
+			}
+			s := newStack(t, cfg)
 			start(t, s)
 			c := stack.NewClient()
 			const n = 40
@@ -47,6 +56,15 @@ func TestLeastPrivilege_ServicesRunWithRuntimeRoles(t *testing.T) {
 
 			ordersURL, ordersAMQP := s.ServiceURLs("orders")
 			settleURL, settleAMQP := s.ServiceURLs("settlement")
+			if tc.cdc {
+				// The orders went through the slot, streamed by the runtime role.
+				var streaming int
+				if err := execAs(t, stack.EnvFromEnvironment().AdminDatabaseURL, `
+					SELECT count(*) FROM pg_replication_slots s JOIN pg_stat_activity a ON a.pid = s.active_pid
+					WHERE s.database = '`+s.OrdersDB+`' AND a.usename = '`+user(t, ordersURL)+`'`, &streaming); err != nil || streaming != 1 {
+					t.Errorf("%d slots of %s streamed by %s (%v), want 1", streaming, s.OrdersDB, user(t, ordersURL), err)
+				}
+			}
 			// The services really run as the runtime roles.
 			for _, url := range []string{ordersURL, settleURL} {
 				var sessions int

@@ -73,6 +73,11 @@ func (s *Stack) setUpPrivileges(ctx context.Context) error {
 			}
 		}
 	}
+	if s.Config.RelayReplication {
+		if err := env.Exec(ctx, "", `ALTER ROLE `+pgx.Identifier{ordersRole}.Sanitize()+` REPLICATION`); err != nil {
+			return err
+		}
+	}
 	for role, db := range map[string]string{ordersRole: s.OrdersDB, settleRole: s.SettleDB} {
 		if err := env.Exec(ctx, "", `GRANT CONNECT ON DATABASE `+pgx.Identifier{db}.Sanitize()+` TO `+pgx.Identifier{role}.Sanitize()); err != nil {
 			return err

@@ -55,6 +55,10 @@ type Config struct {
 	// Close removes the roles and users. It needs rabbitmqctl on the PATH,
 	// for the broker of Env, and the built commands in BinDir.
 	LeastPrivilege bool
+	// RelayReplication, under LeastPrivilege, gives the orders runtime role
+	// the REPLICATION attribute, which a relay of kind cdc needs to create
+	// its slot and stream from it: the least it needs beyond the others.
+	RelayReplication bool
 }
 
 // Commands returns the commands a stack of cfg starts, to build into
