@@ -767,13 +767,45 @@ func (f *feed) sendStatus(reply bool) error {
 	return nil
 }
 
+// sampleQuery takes a sample: the oldest transaction id that may still
+// write to the outbox, and the WAL's insert position after it was found.
+//
+// Only transactions of the outbox's own database can write its rows, so
+// transactions of other databases do not count: a transaction held open
+// there must not hold the offsets position back. Every transaction with an
+// id holds the ExclusiveLock on it from its first write to its end, after
+// its commit record is in the WAL, and pg_locks shows every session's locks
+// to every role. So the sample is the least of the next id to be assigned
+// (read first: a transaction that gets its id later has a larger one) and
+// the ids locked by sessions not known to be in another database
+// (a prepared transaction has none, and counts). The next id is the
+// snapshot's xmax, one past the latest completed id: a running transaction
+// may have a larger one, so the 32-bit ids of pg_locks are widened to xid8
+// as the ids within 2^31 of it (as PostgreSQL compares ids). A transaction
+// below the sample had its id before the snapshot and, unless it is among
+// those locked, ended before pg_locks was read; the insert position is
+// read after.
+const sampleQuery = `
+	WITH next AS (SELECT pg_snapshot_xmax(pg_current_snapshot())::text::numeric AS x),
+	elsewhere AS (
+		SELECT pid FROM pg_stat_activity
+		WHERE datid IS NOT NULL AND datid <> (SELECT oid FROM pg_database WHERE datname = current_database())),
+	running AS (
+		SELECT next.x + ((l.transactionid::text::numeric - next.x % 4294967296) % 4294967296
+		                 + 6442450944) % 4294967296 - 2147483648 AS x
+		FROM pg_locks l, next
+		WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' AND l.granted
+		  AND (l.pid IS NULL OR l.pid NOT IN (SELECT pid FROM elsewhere)))
+	SELECT least((SELECT x FROM next), (SELECT min(x) FROM running))::text, pg_current_wal_insert_lsn()::text`
+
 // store marks rows, settled in stream order, as the position writer does
 // for a polling relay (see positionWriter.store), and returns the position
 // stored in the offsets table. In one transaction on the lease's session:
 //
 //   - the rows to set aside are recorded;
-//   - a sample of the server's oldest running transaction and WAL position
-//     is taken, and the newest sample the stream is past (every transaction
+//   - a sample of the oldest transaction that may write to the outbox and
+//     of the WAL position is taken (sampleQuery), and the newest sample the
+//     stream is past (every transaction
 //     committed before it is marked) gives the offsets position: the last
 //     outbox row of a transaction below the sample's xmin. Every row at or
 //     before it is forwarded, so a polling relay that takes over from it
@@ -787,7 +819,7 @@ func (f *feed) store(ctx context.Context, l *lease, prev position, rows, aside [
 	r := f.r
 	ack := f.ack.Load()
 	for _, x := range rows {
-		if x.txEnd && x.lsn > ack {
+		if (x.txEnd || x.tick) && x.lsn > ack {
 			ack = x.lsn
 		}
 	}
@@ -803,8 +835,7 @@ func (f *feed) store(ctx context.Context, l *lease, prev position, rows, aside [
 		}
 		var s sample
 		var lsn string
-		if err := tx.QueryRowxContext(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text, pg_current_wal_insert_lsn()::text`).
-			Scan(&s.xmin, &lsn); err != nil {
+		if err := tx.QueryRowxContext(ctx, sampleQuery).Scan(&s.xmin, &lsn); err != nil {
 			return fmt.Errorf("store relay position: %w", err)
 		}
 		if s.lsn, err = lsnOf(lsn); err != nil {
