@@ -229,6 +229,20 @@ func (r *Outboxmill) openFeed(ctx context.Context, l *lease, pos position) (_ *f
 		// Created, but its stream never marked anything (the relay stopped
 		// before), so nothing says where it stands: start it again.
 		r.logger.Info("cdc relay creating its replication slot again: it has no recorded position yet", "slot", f.slot)
+	case rec.slot != f.slot:
+		// Config.Slot changed: the recorded slot is left behind.
+		r.logger.Warn("cdc relay: the slot's name changed; dropping the old slot and reading the outbox from the stored position into the new one",
+			"slot", f.slot, "old_slot", rec.slot)
+		if old, err := r.slotState(ctx, rec.slot); err != nil {
+			return nil, err
+		} else if old.exists && old.database == dbName {
+			if err := r.endOtherWalsender(ctx, rec.slot, old); err != nil {
+				return nil, err
+			}
+			if err := pglogrepl.DropReplicationSlot(ctx, f.conn, rec.slot, pglogrepl.DropReplicationSlotOptions{Wait: true}); err != nil {
+				return nil, fmt.Errorf("cdc: drop replication slot %s: %w", rec.slot, err)
+			}
+		}
 	case st.walStatus == "lost":
 		r.logger.Error("cdc relay: replication slot lost (its WAL was removed); re-reading the outbox from the stored position into a new slot",
 			"slot", f.slot, "position_tx", pos.txID, "position_offset", pos.offset)
