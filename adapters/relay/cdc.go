@@ -838,75 +838,79 @@ func (f *feed) store(ctx context.Context, l *lease, prev position, rows, aside [
 		}
 	}
 	next := prev
+	var samples []sample
 	err := l.use(ctx, func(ctx context.Context, conn *sqlx.Conn) error {
-		tx, err := conn.BeginTxx(ctx, nil)
-		if err != nil {
-			return fmt.Errorf("store relay position: %w", err)
-		}
-		defer tx.Rollback()
-		if err := r.setAside(ctx, tx, aside); err != nil {
+		return r.mark(ctx, conn, aside, func(tx *sqlx.Tx) error {
+			var err error
+			next, samples, err = f.move(ctx, tx, prev, ack)
 			return err
-		}
-		var s sample
-		var lsn string
-		if err := tx.QueryRowxContext(ctx, sampleQuery).Scan(&s.xmin, &lsn); err != nil {
-			return fmt.Errorf("store relay position: %w", err)
-		}
-		if s.lsn, err = lsnOf(lsn); err != nil {
-			return fmt.Errorf("store relay position: %w", err)
-		}
-		samples := f.samples
-		if len(samples) == maxSamples {
-			samples = samples[1:]
-		}
-		samples = append(samples, s)
-		past := -1
-		for i, s := range samples {
-			if s.lsn <= ack {
-				past = i
-			}
-		}
-		if past >= 0 {
-			var p position
-			err := tx.QueryRowxContext(ctx, `
-				SELECT m.transaction_id::text, m."offset" FROM `+r.config.Outbox.Table()+` m
-				WHERE m.transaction_id < $1::xid8 AND (m.transaction_id, m."offset") > ($2::xid8, $3::bigint)
-				ORDER BY m.transaction_id DESC, m."offset" DESC LIMIT 1`, samples[past].xmin, prev.txID, prev.offset).
-				Scan(&p.txID, &p.offset)
-			switch {
-			case err == nil:
-				next = p
-			case !errors.Is(err, sql.ErrNoRows):
-				return fmt.Errorf("store relay position: %w", err)
-			}
-			samples = samples[past+1:]
-		}
-		if next != prev {
-			if err := r.movePosition(ctx, tx, prev, next); err != nil {
-				return err
-			}
-		}
-		if ack > 0 {
-			if _, err := tx.ExecContext(ctx, `
-				INSERT INTO outbox_cdc_positions (outbox, consumer_group, slot_name, lsn, position_tx, position_offset)
-				VALUES ($1, $2, $3, $4::pg_lsn, $5::xid8, $6)
-				ON CONFLICT (outbox, consumer_group) DO UPDATE SET slot_name = excluded.slot_name, lsn = excluded.lsn,
-					position_tx = excluded.position_tx, position_offset = excluded.position_offset, updated_at = now()`,
-				r.config.Outbox.Topic, r.config.ConsumerGroup, f.slot, pglogrepl.LSN(ack).String(), next.txID, next.offset); err != nil {
-				return fmt.Errorf("store relay position: record slot position: %w", err)
-			}
-		}
-		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("store relay position: commit: %w", err)
-		}
-		f.samples = samples
-		return nil
+		})
 	})
 	if err != nil {
 		return prev, err
 	}
+	f.samples = samples
 	f.ack.Store(ack)
 	return next, nil
+}
+
+// move takes a sample, moves the offsets position from prev past the rows
+// of the newest sample ack is past, and records ack, through tx. It
+// returns the position and the samples left.
+func (f *feed) move(ctx context.Context, tx *sqlx.Tx, prev position, ack uint64) (position, []sample, error) {
+	r := f.r
+	var s sample
+	var lsn string
+	if err := tx.QueryRowxContext(ctx, sampleQuery).Scan(&s.xmin, &lsn); err != nil {
+		return prev, nil, fmt.Errorf("store relay position: sample: %w", err)
+	}
+	var err error
+	if s.lsn, err = lsnOf(lsn); err != nil {
+		return prev, nil, fmt.Errorf("store relay position: sample: %w", err)
+	}
+	samples := f.samples
+	if len(samples) == maxSamples {
+		samples = samples[1:]
+	}
+	samples = append(samples, s)
+	past := -1
+	for i, s := range samples {
+		if s.lsn <= ack {
+			past = i
+		}
+	}
+	next := prev
+	if past >= 0 {
+		var p position
+		err := tx.QueryRowxContext(ctx, `
+			SELECT m.transaction_id::text, m."offset" FROM `+r.config.Outbox.Table()+` m
+			WHERE m.transaction_id < $1::xid8 AND (m.transaction_id, m."offset") > ($2::xid8, $3::bigint)
+			ORDER BY m.transaction_id DESC, m."offset" DESC LIMIT 1`, samples[past].xmin, prev.txID, prev.offset).
+			Scan(&p.txID, &p.offset)
+		switch {
+		case err == nil:
+			next = p
+		case !errors.Is(err, sql.ErrNoRows):
+			return prev, nil, fmt.Errorf("store relay position: %w", err)
+		}
+		samples = samples[past+1:]
+	}
+	if next != prev {
+		if err := r.movePosition(ctx, tx, prev, next); err != nil {
+			return prev, nil, err
+		}
+	}
+	if ack > 0 {
+		if _, err := tx.ExecContext(ctx, `
+			INSERT INTO outbox_cdc_positions (outbox, consumer_group, slot_name, lsn, position_tx, position_offset)
+			VALUES ($1, $2, $3, $4::pg_lsn, $5::xid8, $6)
+			ON CONFLICT (outbox, consumer_group) DO UPDATE SET slot_name = excluded.slot_name, lsn = excluded.lsn,
+				position_tx = excluded.position_tx, position_offset = excluded.position_offset, updated_at = now()`,
+			r.config.Outbox.Topic, r.config.ConsumerGroup, f.slot, pglogrepl.LSN(ack).String(), next.txID, next.offset); err != nil {
+			return prev, nil, fmt.Errorf("store relay position: record slot position: %w", err)
+		}
+	}
+	return next, samples, nil
 }
 
 // heartbeat emits a logical decoding message in the outbox's database and

@@ -475,6 +475,12 @@ func (r *Outboxmill) storePosition(ctx context.Context, l *lease, prev, next pos
 
 // storePositionOn is storePosition on the lease's session conn.
 func (r *Outboxmill) storePositionOn(ctx context.Context, conn *sqlx.Conn, prev, next position, aside []row) error {
+	return r.mark(ctx, conn, aside, func(tx *sqlx.Tx) error { return r.movePosition(ctx, tx, prev, next) })
+}
+
+// mark records the rows set aside and runs move, in one transaction on
+// conn.
+func (r *Outboxmill) mark(ctx context.Context, conn *sqlx.Conn, aside []row, move func(*sqlx.Tx) error) error {
 	tx, err := conn.BeginTxx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("store relay position: %w", err)
@@ -483,7 +489,7 @@ func (r *Outboxmill) storePositionOn(ctx context.Context, conn *sqlx.Conn, prev,
 	if err := r.setAside(ctx, tx, aside); err != nil {
 		return err
 	}
-	if err := r.movePosition(ctx, tx, prev, next); err != nil {
+	if err := move(tx); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {

@@ -56,21 +56,27 @@ func outboxmillKind() Kind {
 			MaxResent:            4*outboxmillBatch + 160,
 		},
 		New: func(_ testing.TB, env Env) (relay.Relay, error) {
-			return relay.NewOutboxmill(env.DB, relay.Config{
-				Outbox:          env.Outbox,
-				AMQPURL:         env.AMQPURL,
-				Exchange:        env.Exchange,
-				ConsumerGroup:   env.ConsumerGroup,
-				PollInterval:    50 * time.Millisecond,
-				MinPollInterval: 5 * time.Millisecond,
-				RetryInterval:   50 * time.Millisecond,
-				StandbyInterval: 20 * time.Millisecond,
-				BatchSize:       outboxmillBatch,
-				Window:          4 * outboxmillBatch,
-				RequireRoute:    env.Topology.Router(env.Exchange),
-				Logger:          env.Logger,
-			})
+			return relay.NewOutboxmill(env.DB, outboxmillConfig(env))
 		},
+	}
+}
+
+// outboxmillConfig is the configuration of the Outboxmill relay, of both
+// kinds, under the suite.
+func outboxmillConfig(env Env) relay.Config {
+	return relay.Config{
+		Outbox:          env.Outbox,
+		AMQPURL:         env.AMQPURL,
+		Exchange:        env.Exchange,
+		ConsumerGroup:   env.ConsumerGroup,
+		PollInterval:    50 * time.Millisecond,
+		MinPollInterval: 5 * time.Millisecond,
+		RetryInterval:   50 * time.Millisecond,
+		StandbyInterval: 20 * time.Millisecond,
+		BatchSize:       outboxmillBatch,
+		Window:          4 * outboxmillBatch,
+		RequireRoute:    env.Topology.Router(env.Exchange),
+		Logger:          env.Logger,
 	}
 }
 
@@ -78,22 +84,10 @@ func cdcKind() Kind {
 	k := outboxmillKind()
 	k.Name = relay.KindCDC
 	k.New = func(_ testing.TB, env Env) (relay.Relay, error) {
-		return relay.NewCDC(env.DB, relay.Config{
-			Outbox:            env.Outbox,
-			AMQPURL:           env.AMQPURL,
-			Exchange:          env.Exchange,
-			ConsumerGroup:     env.ConsumerGroup,
-			PollInterval:      50 * time.Millisecond,
-			MinPollInterval:   5 * time.Millisecond,
-			RetryInterval:     50 * time.Millisecond,
-			StandbyInterval:   20 * time.Millisecond,
-			BatchSize:         outboxmillBatch,
-			Window:            4 * outboxmillBatch,
-			StatusInterval:    50 * time.Millisecond,
-			HeartbeatInterval: 100 * time.Millisecond,
-			RequireRoute:      env.Topology.Router(env.Exchange),
-			Logger:            env.Logger,
-		})
+		cfg := outboxmillConfig(env)
+		cfg.StatusInterval = 50 * time.Millisecond
+		cfg.HeartbeatInterval = 100 * time.Millisecond
+		return relay.NewCDC(env.DB, cfg)
 	}
 	return k
 }
