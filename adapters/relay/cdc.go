@@ -86,6 +86,16 @@ type SlotMetrics interface {
 	SlotRecreated()
 }
 
+// laterThan reports whether position a comes after b in delivery order.
+func laterThan(a, b position) bool {
+	x, errA := strconv.ParseUint(a.txID, 10, 64)
+	y, errB := strconv.ParseUint(b.txID, 10, 64)
+	if errA != nil || errB != nil {
+		return false
+	}
+	return x > y || x == y && a.offset > b.offset
+}
+
 // lsnOf parses an LSN in PostgreSQL's text form.
 func lsnOf(s string) (uint64, error) {
 	l, err := pglogrepl.ParseLSN(s)
@@ -116,8 +126,9 @@ type feed struct {
 
 	// Set when the slot is new: the outbox rows after from in the slot's
 	// exported snapshot are read first (see catchUp).
-	catchup *sqlx.Tx
-	from    position
+	catchup  *sqlx.Tx
+	from     position
+	snapXmin uint64 // the snapshot's xmin
 
 	ack      atomic.Uint64 // stored: every transaction committed before it is forwarded and marked
 	received atomic.Uint64 // the end of what the stream has received
@@ -308,6 +319,9 @@ func (r *Outboxmill) recreateSlot(ctx context.Context, l *lease, f *feed, st slo
 	// Every transaction below the snapshot's xmin committed before the
 	// consistent point: once the stream is past it, they are all forwarded.
 	f.samples = []sample{{xmin: xmin, lsn: f.start}}
+	if f.snapXmin, err = strconv.ParseUint(xmin, 10, 64); err != nil {
+		return fmt.Errorf("cdc: the slot's snapshot xmin %q: %w", xmin, err)
+	}
 	return nil
 }
 
@@ -540,7 +554,9 @@ func (f *feed) snapshotBatch(ctx context.Context, from position) ([]row, error) 
 		if err := rs.Scan(&pos.txID, &pos.offset, &uuid, &payload); err != nil {
 			return nil, fmt.Errorf("cdc: read the outbox in the slot's snapshot: %w", err)
 		}
-		rows = append(rows, newRow(pos, uuid, []byte(payload.String)))
+		x := newRow(pos, uuid, []byte(payload.String))
+		x.snapshot = true
+		rows = append(rows, x)
 	}
 	if err := rs.Err(); err != nil {
 		return nil, fmt.Errorf("cdc: read the outbox in the slot's snapshot: %w", err)
@@ -832,9 +848,15 @@ const sampleQuery = `
 func (f *feed) store(ctx context.Context, l *lease, prev position, rows, aside []row) (position, error) {
 	r := f.r
 	ack := f.ack.Load()
+	var caught position // the last row read from the snapshot below its xmin
 	for _, x := range rows {
 		if (x.txEnd || x.tick) && x.lsn > ack {
 			ack = x.lsn
+		}
+		if x.snapshot {
+			if id, err := strconv.ParseUint(x.pos.txID, 10, 64); err == nil && id < f.snapXmin {
+				caught = x.pos
+			}
 		}
 	}
 	next := prev
@@ -842,7 +864,7 @@ func (f *feed) store(ctx context.Context, l *lease, prev position, rows, aside [
 	err := l.use(ctx, func(ctx context.Context, conn *sqlx.Conn) error {
 		return r.mark(ctx, conn, aside, func(tx *sqlx.Tx) error {
 			var err error
-			next, samples, err = f.move(ctx, tx, prev, ack)
+			next, samples, err = f.move(ctx, tx, prev, ack, caught)
 			return err
 		})
 	})
@@ -855,9 +877,15 @@ func (f *feed) store(ctx context.Context, l *lease, prev position, rows, aside [
 }
 
 // move takes a sample, moves the offsets position from prev past the rows
-// of the newest sample ack is past, and records ack, through tx. It
-// returns the position and the samples left.
-func (f *feed) move(ctx context.Context, tx *sqlx.Tx, prev position, ack uint64) (position, []sample, error) {
+// of the newest sample ack is past, or to caught, whichever is further, and
+// records ack, through tx. It returns the position and the samples left.
+//
+// caught, when set, is the last row read from a new slot's snapshot whose
+// transaction is below the snapshot's xmin: every row before it is in the
+// snapshot, read before it, so the position may move there while the
+// snapshot is still being read, long before the stream reaches the
+// snapshot's sample.
+func (f *feed) move(ctx context.Context, tx *sqlx.Tx, prev position, ack uint64, caught position) (position, []sample, error) {
 	r := f.r
 	var s sample
 	var lsn string
@@ -894,6 +922,9 @@ func (f *feed) move(ctx context.Context, tx *sqlx.Tx, prev position, ack uint64)
 			return prev, nil, fmt.Errorf("store relay position: %w", err)
 		}
 		samples = samples[past+1:]
+	}
+	if caught.txID != "" && laterThan(caught, next) {
+		next = caught
 	}
 	if next != prev {
 		if err := r.movePosition(ctx, tx, prev, next); err != nil {

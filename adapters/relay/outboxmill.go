@@ -48,9 +48,10 @@ type row struct {
 	// Rows of a CDC relay (see feed): the last row of a transaction
 	// carries its end LSN; a tick is no row but a mark that every
 	// transaction committed before lsn has been received.
-	lsn   uint64
-	txEnd bool
-	tick  bool
+	lsn      uint64
+	txEnd    bool
+	tick     bool
+	snapshot bool // read from a new slot's snapshot
 }
 
 // Outboxmill is Outboxmill's relay. It reads the outbox in batches in
