@@ -98,6 +98,15 @@ Commands:
                                ids): renumber the restored outbox rows and move every
                                relay group's position so nothing is lost (--module NAME
                                for one outbox)
+  relay slots                  the replication slots of the cdc relays: per outbox and
+                               group, whether the server has the slot, the session on it,
+                               its WAL status, the WAL it keeps, its lag, its confirmed
+                               and recorded positions (--module NAME for one outbox)
+  relay drop-slot --module NAME
+                               drop the replication slot of a cdc relay retired or switched
+                               to a polling kind for good, and its record (--group G, default
+                               relay); refused while a relay streams from it. A slot left
+                               behind makes the server keep WAL for it forever
   unroutable list              count the events in the unroutable queue (no queue was bound
                                to their routing key) and show the first --limit, leaving
                                them queued
@@ -244,12 +253,20 @@ func run(ctx context.Context, set module.Set, args []string, stdout, stderr io.W
 		f = reconcileCmd
 	case "relay":
 		if len(rest) == 0 {
-			return usagef("relay needs an action: rebase")
+			return usagef("relay needs an action: rebase, slots or drop-slot")
 		}
-		if rest[0] != "rebase" {
-			return usagef("unknown relay action %q (want rebase)", rest[0])
+		var action string
+		action, rest = rest[0], rest[1:]
+		switch action {
+		case "rebase":
+			f = relayRebase
+		case "slots":
+			f = relaySlots
+		case "drop-slot":
+			f = relayDropSlot
+		default:
+			return usagef("unknown relay action %q (want rebase, slots or drop-slot)", action)
 		}
-		f, rest = relayRebase, rest[1:]
 	case "unroutable":
 		if len(rest) == 0 {
 			return usagef("unroutable needs an action: list or replay")

@@ -1129,6 +1129,10 @@ func DropSlot(ctx context.Context, db *sqlx.DB, box outbox.Config, group string)
 		}
 		if s.Exists {
 			if _, err := db.ExecContext(ctx, `SELECT pg_drop_replication_slot($1)`, s.Slot); err != nil {
+				var pgErr *pgconn.PgError
+				if errors.As(err, &pgErr) && pgErr.Code == "55006" { // object_in_use: a relay started meanwhile
+					return false, fmt.Errorf("cdc slot %s: %w; stop the relay first", s.Slot, ErrSlotActive)
+				}
 				return false, fmt.Errorf("drop replication slot %s: %w", s.Slot, err)
 			}
 		}
