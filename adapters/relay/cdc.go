@@ -126,7 +126,7 @@ type feed struct {
 
 	// Set when the slot is new: the outbox rows after from in the slot's
 	// exported snapshot are read first (see catchUp).
-	catchup  *sqlx.Tx
+	catchup  *snapshotReader
 	from     position
 	snapXmin uint64 // the snapshot's xmin
 
@@ -211,6 +211,9 @@ func (r *Outboxmill) openFeed(ctx context.Context, l *lease, pos position) (_ *f
 	}
 	defer func() {
 		if err != nil {
+			if f.catchup != nil {
+				f.catchup.close()
+			}
 			f.closeConn()
 		}
 	}()
@@ -264,17 +267,18 @@ func (r *Outboxmill) openFeed(ctx context.Context, l *lease, pos position) (_ *f
 		r.logger.Warn("cdc relay: the stored position is not the one this relay kind left (another relay kind ran); reading the outbox from it into a new slot",
 			"slot", f.slot, "position_tx", pos.txID, "position_offset", pos.offset)
 	}
-	if err := r.recreateSlot(ctx, l, f, st); err != nil {
+	if err := r.recreateSlot(ctx, l, f, st, rec.found); err != nil {
 		return nil, err
 	}
 	f.from = pos
 	return f, nil
 }
 
-// recreateSlot drops f's slot if it exists, forgets the record (a crash
+// recreateSlot drops f's slot if it exists (recorded: the record named
+// one), forgets the record (a crash
 // before the new slot's first mark must not resume it from the old
 // record), creates the slot and imports its snapshot into f.catchup.
-func (r *Outboxmill) recreateSlot(ctx context.Context, l *lease, f *feed, st slotState) error {
+func (r *Outboxmill) recreateSlot(ctx context.Context, l *lease, f *feed, st slotState, recorded bool) error {
 	if err := l.use(ctx, func(ctx context.Context, conn *sqlx.Conn) error {
 		_, err := conn.ExecContext(ctx, `DELETE FROM outbox_cdc_positions WHERE outbox = $1 AND consumer_group = $2`,
 			r.config.Outbox.Topic, r.config.ConsumerGroup)
@@ -289,9 +293,9 @@ func (r *Outboxmill) recreateSlot(ctx context.Context, l *lease, f *feed, st slo
 		if err := pglogrepl.DropReplicationSlot(ctx, f.conn, f.slot, pglogrepl.DropReplicationSlotOptions{Wait: true}); err != nil {
 			return fmt.Errorf("cdc: drop replication slot %s: %w", f.slot, err)
 		}
-		if m, ok := r.config.Metrics.(SlotMetrics); ok {
-			m.SlotRecreated()
-		}
+	}
+	if m, ok := r.config.Metrics.(SlotMetrics); ok && (st.exists || recorded) {
+		m.SlotRecreated() // dropped, lost or left behind: not a first start
 	}
 	res, err := pglogrepl.CreateReplicationSlot(ctx, f.conn, f.slot, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{SnapshotAction: "EXPORT_SNAPSHOT", Mode: pglogrepl.LogicalReplication})
@@ -302,20 +306,14 @@ func (r *Outboxmill) recreateSlot(ctx context.Context, l *lease, f *feed, st slo
 		return fmt.Errorf("cdc: slot %s: consistent point %q: %w", f.slot, res.ConsistentPoint, err)
 	}
 	// The snapshot stays valid until the replication connection runs its
-	// next command: import it before starting replication.
-	tx, err := r.db.BeginTxx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	// next command: import it before starting replication. It is read on a
+	// connection of its own, not one of the pool's, which the stream needs
+	// while the snapshot is read.
+	sr, xmin, err := r.importSnapshot(ctx, res.SnapshotName)
 	if err != nil {
-		return fmt.Errorf("cdc: read the outbox in the slot's snapshot: %w", err)
+		return err
 	}
-	var xmin string
-	if _, err = tx.ExecContext(ctx, `SET TRANSACTION SNAPSHOT '`+strings.ReplaceAll(res.SnapshotName, "'", "''")+`'`); err == nil {
-		err = tx.GetContext(ctx, &xmin, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text`)
-	}
-	if err != nil {
-		_ = tx.Rollback()
-		return fmt.Errorf("cdc: import the slot's snapshot: %w", err)
-	}
-	f.catchup = tx
+	f.catchup = sr
 	// Every transaction below the snapshot's xmin committed before the
 	// consistent point: once the stream is past it, they are all forwarded.
 	f.samples = []sample{{xmin: xmin, lsn: f.start}}
@@ -347,26 +345,34 @@ func (r *Outboxmill) ensurePublication(ctx context.Context, name string) error {
 	return nil
 }
 
-// replicationConn opens a logical replication connection with the settings
-// of the relay's database pool.
-func (r *Outboxmill) replicationConn(ctx context.Context) (*pgconn.PgConn, error) {
+// connConfig returns the connection settings of the relay's database
+// pool.
+func (r *Outboxmill) connConfig(ctx context.Context) (*pgx.ConnConfig, error) {
 	c, err := r.db.Conn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("cdc: %w", err)
 	}
-	var cfg *pgconn.Config
+	defer c.Close()
+	var cfg *pgx.ConnConfig
 	err = c.Raw(func(dc any) error {
 		sc, ok := dc.(*stdlib.Conn)
 		if !ok {
 			return fmt.Errorf("cdc: the relay's database must be opened with pgx's stdlib driver, not %T", dc)
 		}
-		cfg = sc.Conn().Config().Config.Copy()
+		cfg = sc.Conn().Config()
 		return nil
 	})
-	_ = c.Close()
+	return cfg, err
+}
+
+// replicationConn opens a logical replication connection with the settings
+// of the relay's database pool.
+func (r *Outboxmill) replicationConn(ctx context.Context) (*pgconn.PgConn, error) {
+	base, err := r.connConfig(ctx)
 	if err != nil {
 		return nil, err
 	}
+	cfg := base.Config.Copy()
 	if cfg.RuntimeParams == nil {
 		cfg.RuntimeParams = map[string]string{}
 	}
@@ -376,6 +382,50 @@ func (r *Outboxmill) replicationConn(ctx context.Context) (*pgconn.PgConn, error
 		return nil, fmt.Errorf("cdc: open replication connection: %w", err)
 	}
 	return conn, nil
+}
+
+// snapshotReader is a read-only repeatable-read transaction in a new
+// slot's exported snapshot, on a connection of its own.
+type snapshotReader struct {
+	conn *pgx.Conn
+	tx   pgx.Tx
+}
+
+// importSnapshot opens a snapshotReader in the exported snapshot name and
+// returns it with the snapshot's xmin.
+func (r *Outboxmill) importSnapshot(ctx context.Context, name string) (*snapshotReader, string, error) {
+	cfg, err := r.connConfig(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("cdc: connect to read the slot's snapshot: %w", err)
+	}
+	sr := &snapshotReader{conn: conn}
+	var xmin string
+	sr.tx, err = conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err == nil {
+		_, err = sr.tx.Exec(ctx, `SET TRANSACTION SNAPSHOT '`+strings.ReplaceAll(name, "'", "''")+`'`)
+	}
+	if err == nil {
+		err = sr.tx.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())::text`).Scan(&xmin)
+	}
+	if err != nil {
+		sr.close()
+		return nil, "", fmt.Errorf("cdc: import the slot's snapshot: %w", err)
+	}
+	return sr, xmin, nil
+}
+
+// close ends the transaction and closes the connection.
+func (sr *snapshotReader) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if sr.tx != nil {
+		_ = sr.tx.Rollback(ctx)
+	}
+	_ = sr.conn.Close(ctx)
 }
 
 func (r *Outboxmill) loadCDCRecord(ctx context.Context) (cdcRecord, error) {
@@ -498,7 +548,7 @@ func (f *feed) readAll(ctx context.Context, out chan<- batch) error {
 // consistent point: every transaction committed before it is among them.
 func (f *feed) catchUp(ctx context.Context, out chan<- batch) error {
 	defer func() {
-		_ = f.catchup.Rollback()
+		f.catchup.close()
 		f.catchup = nil
 	}()
 	from := f.from
@@ -534,7 +584,7 @@ func send(ctx context.Context, out chan<- batch, rows []row) bool {
 }
 
 func (f *feed) snapshotBatch(ctx context.Context, from position) ([]row, error) {
-	rs, err := f.catchup.QueryContext(ctx, `
+	rs, err := f.catchup.tx.Query(ctx, `
 		SELECT m.transaction_id::text, m."offset", m.uuid, m.payload::text
 		FROM `+f.r.config.Outbox.Table()+` m
 		WHERE (m.transaction_id, m."offset") > ($1::xid8, $2::bigint)
@@ -549,12 +599,16 @@ func (f *feed) snapshotBatch(ctx context.Context, from position) ([]row, error) 
 		var (
 			pos     position
 			uuid    string
-			payload sql.NullString
+			payload *string
 		)
 		if err := rs.Scan(&pos.txID, &pos.offset, &uuid, &payload); err != nil {
 			return nil, fmt.Errorf("cdc: read the outbox in the slot's snapshot: %w", err)
 		}
-		x := newRow(pos, uuid, []byte(payload.String))
+		var body []byte
+		if payload != nil {
+			body = []byte(*payload)
+		}
+		x := newRow(pos, uuid, body)
 		x.snapshot = true
 		rows = append(rows, x)
 	}
@@ -996,7 +1050,7 @@ func (f *feed) close() {
 		<-f.done
 	}
 	if f.catchup != nil { // read never ran
-		_ = f.catchup.Rollback()
+		f.catchup.close()
 		f.catchup = nil
 	}
 	if f.recvDone != nil {

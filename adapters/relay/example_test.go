@@ -129,3 +129,66 @@ func exampleNextDelivery(url, queue string) amqp.Delivery {
 		}
 	}
 }
+
+// A cdc relay reads the outbox's inserts from a logical replication slot it
+// creates; Slots shows the slot, and DropSlot retires it once the relay is
+// stopped for good.
+func ExampleNewCDC() {
+	db, drop := exampleenv.DB()
+	defer drop()
+	url, ns := exampleenv.Broker()
+	ctx := context.Background()
+
+	exchange := ns + ".shipping.events"
+	top := rabbitmq.Topology{
+		Exchanges: []string{exchange},
+		Queues: []rabbitmq.Queue{{
+			Name:     ns + ".tracking",
+			Bindings: []rabbitmq.Binding{{Exchange: exchange, RoutingKey: "ParcelShipped.*"}},
+		}},
+	}
+	if err := rabbitmq.Declare(ctx, url, top); err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer exampleenv.DeleteTopology(url, top)
+
+	box := outbox.ForModule("shipping")
+	exampleCommit(db, box, "parcel-1")
+
+	r, err := relay.NewCDC(db, relay.Config{
+		Outbox:       box,
+		AMQPURL:      url,
+		Exchange:     exchange,
+		RequireRoute: top.Router(exchange),
+		Logger:       slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+
+	d := exampleNextDelivery(url, ns+".tracking")
+	fmt.Println("event type:", d.Headers[outbox.MetaEventType])
+	slots, err := relay.Slots(ctx, db, box)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("slots:", len(slots), "exists:", len(slots) == 1 && slots[0].Exists)
+
+	stop()
+	if err := errors.Join(r.Close(), <-done); err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Println("relay:", err)
+	}
+	dropped, err := relay.DropSlot(ctx, db, box, relay.DefaultConsumerGroup)
+	fmt.Println("dropped:", dropped, err)
+	// Output:
+	// event type: ParcelShipped
+	// slots: 1 exists: true
+	// dropped: true <nil>
+}
