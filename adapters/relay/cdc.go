@@ -495,11 +495,24 @@ func (r *Outboxmill) endOtherWalsender(ctx context.Context, slot string, st slot
 }
 
 // fallBackWorthy reports whether err, from openFeed, means that no slot can
-// be had for now (the server refused: wal_level, privileges, no free slot),
-// so that the relay should poll meanwhile, rather than a lost connection.
+// be had for now, so that the relay should poll meanwhile: the server
+// refused what the slot needs. Any other error (a lost connection, a
+// terminated session, a server shutting down) is retried as usual.
 func fallBackWorthy(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr)
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "55000", // object_not_in_prerequisite_state: wal_level is not logical
+		"42501", // insufficient_privilege: no REPLICATION, or may not create the publication
+		"53400", // configuration_limit_exceeded: every replication slot is in use
+		"53300", // too_many_connections: every walsender is in use
+		"42P01", // undefined_table: outbox_cdc_positions is not migrated
+		"42704": // undefined_object: the publication is missing
+		return true
+	}
+	return false
 }
 
 // setFallback reports whether the relay polls for want of a slot.
