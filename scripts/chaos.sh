@@ -14,7 +14,9 @@ and the summary table. Extra arguments go to 'go test', for example
 
 Environment:
   CHAOS_RELAY_KIND  run the orders service with -relay-kind \$CHAOS_RELAY_KIND
-                    (default: the service's default relay)
+                    (outboxmill, cdc or watermill) in every scenario; unset: the
+                    service's default relay, and the scenarios of the relay's own
+                    faults once for outboxmill and once for cdc
   CHAOS_LOG_DIR     keep the services' logs there, one directory per scenario
 USAGE
 }
@@ -38,5 +40,10 @@ echo
 echo "full output: $log"
 if grep -q '^chaos summary' "$log"; then
 	sed -n '/^chaos summary/,/^\(ok\|FAIL\|---\)/p' "$log" | grep -v '^\(ok\|FAIL\|---\)'
+fi
+# The long-transaction scenario's figures, one line per relay kind and hold.
+if grep -q '^chaos hold' "$log"; then
+	echo
+	grep '^chaos hold' "$log"
 fi
 exit "$status"

@@ -21,14 +21,19 @@ import (
 )
 
 // Scenarios that hold a transaction open, directly or through the relay,
-// run alone: PostgreSQL's snapshot xmin, which gates every relay, is
-// server-wide, so they would stall the other scenarios' relays too. The
-// others run in parallel, each on its own stack.
+// run alone: PostgreSQL's snapshot xmin, which gates every polling relay,
+// is server-wide, so they would stall the other scenarios' relays too. The
+// others run in parallel, each on its own stack. The scenarios of the
+// relay's own faults run once for each relay kind (forEachKind).
 
 func TestChaos_KillOrders(t *testing.T) {
 	t.Parallel()
+	forEachKind(t, killOrders)
+}
+
+func killOrders(t *testing.T, kind string) {
 	ctx := context.Background()
-	sc := newScenario(t, 10, "1 kill -9 orders x3", stack.Config{OrdersArgs: ordersArgs()})
+	sc := newKindScenario(t, kind, 10, "1 kill -9 orders x3", stack.Config{})
 	sc.startOrders()
 	sc.startSettlement()
 	tr := sc.startTraffic(trafficConfig{Orders: 450, Rate: 100})
@@ -127,13 +132,20 @@ func (sc *scenario) killSettlementMidBatch(tr *traffic, backlog int) time.Time {
 	return faultEnd
 }
 
+// TestChaos_BrokerDown runs alone: Watermill's forwarder keeps its read
+// transaction open through the outage. The kinds outboxmill and cdc hold
+// none, so they run at the same time.
 func TestChaos_BrokerDown(t *testing.T) {
+	forEachKind(t, brokerDown)
+}
+
+func brokerDown(t *testing.T, kind string) {
 	proxy, proxied, err := tcpproxy.For(stack.EnvFromEnvironment().AMQPURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = proxy.Close() })
-	sc := newScenario(t, 30, "3 broker down 5 s", stack.Config{OrdersArgs: ordersArgs(), ServiceAMQPURL: proxied})
+	sc := newKindScenario(t, kind, 30, "3 broker down 5 s", stack.Config{ServiceAMQPURL: proxied})
 	sc.startOrders()
 	sc.startSettlement()
 	tr := sc.startTraffic(trafficConfig{Orders: 800, Rate: 100})
@@ -197,8 +209,12 @@ func (sc *scenario) watchOrdersTransactions(d time.Duration) time.Duration {
 
 func TestChaos_TerminateSessions(t *testing.T) {
 	t.Parallel()
+	forEachKind(t, terminateSessions)
+}
+
+func terminateSessions(t *testing.T, kind string) {
 	ctx := context.Background()
-	sc := newScenario(t, 40, "4 pg_terminate_backend", stack.Config{OrdersArgs: ordersArgs()})
+	sc := newKindScenario(t, kind, 40, "4 pg_terminate_backend", stack.Config{})
 	sc.startOrders()
 	sc.startSettlement()
 	tr := sc.startTraffic(trafficConfig{Orders: 700, Rate: 100})
@@ -275,86 +291,37 @@ func TestChaos_TerminateSessions(t *testing.T) {
 	sc.settle(faultEnd)
 }
 
-func TestChaos_LongTransaction(t *testing.T) {
-	ctx := context.Background()
-	sc := newScenario(t, 50, "5 long transaction 5 s", stack.Config{OrdersArgs: ordersArgs()})
-	sc.startOrders()
-	sc.startSettlement()
-	tr := sc.startTraffic(trafficConfig{Orders: 700, Rate: 100})
-	tr.waitPaid(t, 100)
-
-	db, writer := sc.openOrdersDB()
-	tx, err := db.BeginTxx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	held, err := writeOrder(ctx, tx, writer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	holdStart := time.Now()
-	paidBefore := tr.paid.Load()
-	// The fault itself: the transaction, holding the lower outbox position,
-	// stays open for five seconds while the traffic commits after it.
-	time.Sleep(5 * time.Second)
-	if err := tx.Commit(); err != nil {
-		t.Fatalf("commit the held transaction: %v", err)
-	}
-	holdEnd := time.Now()
-	paidDuring := tr.paid.Load() - paidBefore
-	if paidDuring == 0 {
-		t.Fatal("no traffic committed while the transaction was held")
-	}
-	sc.addCommitted(held, holdEnd)
-	sc.afterSettling(func() {
-		for _, ev := range held {
-			if !sc.obs.seen(ev.ID) {
-				t.Errorf("held event %s (%s) was skipped", ev.ID, ev.Type)
-			}
-		}
-		stall := sc.maxDelay(holdStart, holdEnd)
-		var heldDelay time.Duration
-		for _, d := range sc.obs.snapshot() {
-			if d.AggregateID == held[0].AggregateID {
-				heldDelay = max(heldDelay, d.At.Sub(holdEnd))
-			}
-		}
-		sc.note("held %s while %d orders were paid; their delivery stalled up to %s; the held events were delivered %s after their commit",
-			round(holdEnd.Sub(holdStart)), paidDuring, round(stall), round(heldDelay))
-		line := fmt.Sprintf("chaos stall [%s] held=%s stall=%s held_delivery=%s", sc.name, round(holdEnd.Sub(holdStart)), round(stall), round(heldDelay))
-		t.Log(line)
-		fmt.Println(line)
-	})
-	sc.settle(holdEnd)
-}
-
 func TestChaos_SeveralRelays(t *testing.T) {
 	t.Parallel()
 	for i, n := range []int{2, 3} {
 		t.Run(fmt.Sprintf("%d_relays", n), func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
-			sc := newScenario(t, 60+i, fmt.Sprintf("6 %d relays", n), stack.Config{OrdersArgs: ordersArgs()})
-			sc.startOrders()
-			bases := []string{sc.stack.Orders.URL()}
-			for range n - 1 {
-				p, err := sc.stack.StartOrdersReplica(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				bases = append(bases, p.URL())
-			}
-			sc.startSettlement()
-			sc.startTraffic(trafficConfig{Orders: 500, Rate: 150, Bases: bases})
-			sc.note("%d orders processes with relays, each order placed through one and paid through the next", n)
-			sc.settle(time.Time{})
-			for _, p := range append([]*stack.Process{sc.stack.Orders}, sc.stack.OrdersReplicas...) {
-				if p.Exited() {
-					t.Errorf("orders process %s exited during the run", p.Addr)
-				}
-			}
+			forEachKind(t, func(t *testing.T, kind string) { severalRelays(t, kind, 60+i, n) })
 		})
+	}
+}
+
+// severalRelays runs n orders processes with their relays on one outbox.
+func severalRelays(t *testing.T, kind string, order, n int) {
+	ctx := context.Background()
+	sc := newKindScenario(t, kind, order, fmt.Sprintf("6 %d relays", n), stack.Config{})
+	sc.startOrders()
+	bases := []string{sc.stack.Orders.URL()}
+	for range n - 1 {
+		p, err := sc.stack.StartOrdersReplica(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bases = append(bases, p.URL())
+	}
+	sc.startSettlement()
+	sc.startTraffic(trafficConfig{Orders: 500, Rate: 150, Bases: bases})
+	sc.note("%d orders processes with relays, each order placed through one and paid through the next", n)
+	sc.settle(time.Time{})
+	for _, p := range append([]*stack.Process{sc.stack.Orders}, sc.stack.OrdersReplicas...) {
+		if p.Exited() {
+			t.Errorf("orders process %s exited during the run", p.Addr)
+		}
 	}
 }
 
@@ -523,9 +490,15 @@ func (sc *scenario) startTraffic(cfg trafficConfig) *traffic {
 // openOrdersDB opens the orders database for the test's own transactions
 // and an outbox writer like the service's.
 func (sc *scenario) openOrdersDB() (*sqlx.DB, *outbox.Writer) {
-	t := sc.t
+	sc.t.Helper()
+	return openTestDB(sc.t, sc.stack.OrdersDatabaseURL()), testdb.Writer(sc.t, testdb.Outbox)
+}
+
+// openTestDB opens a small pool on the database at rawURL, its sessions
+// marked as the test's own, closed when t ends.
+func openTestDB(t *testing.T, rawURL string) *sqlx.DB {
 	t.Helper()
-	u, err := url.Parse(sc.stack.OrdersDatabaseURL())
+	u, err := url.Parse(rawURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -537,8 +510,7 @@ func (sc *scenario) openOrdersDB() (*sqlx.DB, *outbox.Writer) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = db.Close() })
-	writer := testdb.Writer(t, testdb.Outbox)
-	return db, writer
+	return db
 }
 
 // writeOrder writes, through tx, what the order repository writes when an

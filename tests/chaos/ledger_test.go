@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/internal/stack"
 	"github.com/outboxmill/outboxmill/module"
 )
@@ -23,6 +24,7 @@ import (
 // ledger is the integrity ledger of one scenario.
 type ledger struct {
 	order    int
+	relay    string // the relay kind, as the ledger line names it
 	Scenario string
 	// Committed counts the events committed to the outbox, CommittedPaid the
 	// OrderPaid ones among them.
@@ -228,9 +230,12 @@ func countSetAside(ctx context.Context, s *stack.Stack) (int, error) {
 // scenario is one fault-injection run: a stack, the observer bound before
 // any traffic, the traffic, and what the test itself committed.
 type scenario struct {
-	t       *testing.T
-	order   int
-	name    string
+	t     *testing.T
+	order int
+	name  string
+	// kind is the relay kind of its orders processes when it runs once per
+	// kind (newKindScenario); "" for CHAOS_RELAY_KIND or the default.
+	kind    string
 	stack   *stack.Stack
 	obs     *observer
 	traffic *traffic
@@ -260,6 +265,28 @@ func newScenario(t *testing.T, order int, name string, cfg stack.Config) *scenar
 		t: t, order: order, name: name, stack: s, obs: startObserver(t, s),
 		extraCommits: map[eventKey]time.Time{},
 	}
+}
+
+// newKindScenario is newScenario for a scenario that runs once per relay
+// kind (forEachKind): its orders processes run kind, and when several kinds
+// run its name in the ledger says which.
+func newKindScenario(t *testing.T, kind string, order int, name string, cfg stack.Config) *scenario {
+	t.Helper()
+	cfg.OrdersArgs = ordersArgsFor(kind, cfg.OrdersArgs...)
+	if len(relayKinds()) > 1 {
+		name += " (" + kind + ")"
+	}
+	sc := newScenario(t, order, name, cfg)
+	sc.kind = kind
+	return sc
+}
+
+// relayName names the scenario's relay kind in the ledger.
+func (sc *scenario) relayName() string {
+	if sc.kind != "" {
+		return sc.kind
+	}
+	return relayName()
 }
 
 // afterSettling runs f once the system has settled, before the ledger is
@@ -384,8 +411,9 @@ func (sc *scenario) settle(faultEnd time.Time) ledger {
 			f()
 		}
 	}
+	sc.checkSlotReader()
 	l.Notes = append(l.Notes, sc.notes...)
-	line := fmt.Sprintf("chaos ledger [%s] relay=%s %s", l.Scenario, relayName(), l.line())
+	line := fmt.Sprintf("chaos ledger [%s] relay=%s %s", l.Scenario, l.relay, l.line())
 	t.Log(line)
 	fmt.Println(line)
 	record(l)
@@ -418,6 +446,70 @@ func (sc *scenario) settle(faultEnd time.Time) ledger {
 	return l
 }
 
+// The cdc relay's log lines the scenarios look for.
+const (
+	// logSlotResumed and logSlotStreaming: the relay streams from its
+	// replication slot, resumed or new.
+	logSlotResumed   = `msg="cdc relay resuming its replication slot"`
+	logSlotStreaming = `msg="cdc relay read the outbox into its new slot; streaming"`
+	// logSlotFallback: it polls for want of a slot.
+	logSlotFallback = `msg="cdc relay: no replication slot; polling the outbox meanwhile"`
+)
+
+// ordersProcesses returns the scenario's orders processes started so far.
+func (sc *scenario) ordersProcesses() []*stack.Process {
+	var out []*stack.Process
+	for _, p := range append([]*stack.Process{sc.stack.Orders}, sc.stack.OrdersReplicas...) {
+		if p != nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// checkSlotReader fails the test when a relay of kind cdc ran in the
+// scenario and did not stream from its replication slot, or polled for want
+// of one: the scenario would then not have put the slot reader through its
+// fault. The relay polls only when the server refuses what a slot needs,
+// which no scenario does; a terminated session or a lost connection is
+// retried as any failure. It reads the orders processes' logs.
+func (sc *scenario) checkSlotReader() {
+	t := sc.t
+	t.Helper()
+	if sc.relayName() != relay.KindCDC {
+		return
+	}
+	ran, streamed := false, false
+	for _, p := range sc.ordersProcesses() {
+		path := sc.logPath(p)
+		ran = ran || len(grepLog(t, path, 0, `msg="relay active"`)) > 0
+		streamed = streamed || len(grepLog(t, path, 0, logSlotResumed)) > 0 || len(grepLog(t, path, 0, logSlotStreaming)) > 0
+		for _, line := range grepLog(t, path, 0, logSlotFallback) {
+			t.Errorf("the cdc relay of orders process %s polled for want of a replication slot: %s", p.Addr, line)
+		}
+	}
+	if ran && !streamed {
+		t.Error("the cdc relay ran but never streamed from its replication slot")
+	}
+}
+
+// waitSlotStreaming waits, when the scenario's relay is of kind cdc, until
+// the relay of its orders process streams from its replication slot. A new
+// slot is ready only once every transaction that was running on the server
+// as the relay created it has ended (PostgreSQL's consistent point), in any
+// database: a scenario that holds a transaction open waits for this first.
+func (sc *scenario) waitSlotStreaming() {
+	t := sc.t
+	t.Helper()
+	if sc.relayName() != relay.KindCDC {
+		return
+	}
+	path := sc.logPath(sc.stack.Orders)
+	waitFor(t, 2*time.Minute, "the cdc relay to stream from its replication slot", func() (bool, error) {
+		return len(grepLog(t, path, 0, logSlotResumed)) > 0 || len(grepLog(t, path, 0, logSlotStreaming)) > 0, nil
+	})
+}
+
 func head(ids []string) []string {
 	if len(ids) > 5 {
 		return ids[:5]
@@ -428,7 +520,7 @@ func head(ids []string) []string {
 // account builds the ledger from the committed events, the observer's
 // deliveries in arrival order and the books.
 func (sc *scenario) account(committed []committedEvent, deliveries []delivery, books stack.Books) ledger {
-	l := ledger{order: sc.order, Scenario: sc.name}
+	l := ledger{order: sc.order, relay: sc.relayName(), Scenario: sc.name}
 	isCommitted := make(map[string]bool, len(committed))
 	for _, e := range committed {
 		isCommitted[e.ID] = true

@@ -12,19 +12,24 @@
 // Run it with `make chaos` (or scripts/chaos.sh, or
 // `go test ./tests/chaos -v`). CHAOS_RELAY_KIND, when set, is passed to the
 // orders service as -relay-kind, so the whole suite can be run against a
-// given relay; by default the service's default relay runs. CHAOS_LOG_DIR,
-// when set, keeps the services' logs there, one directory per scenario.
+// given relay; by default the service's default relay runs, and the
+// scenarios of the relay's own faults (kill -9 of orders, the broker cut,
+// terminated sessions, several relays, long transactions) run once for each
+// of the kinds outboxmill and cdc (see forEachKind). CHAOS_LOG_DIR, when
+// set, keeps the services' logs there, one directory per scenario.
 package chaos
 
 import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/internal/stack"
 	"github.com/outboxmill/outboxmill/internal/stack/stacktest"
 )
@@ -44,10 +49,14 @@ func TestMain(m *testing.M) {
 }
 
 // ordersArgs are the orders service's flags in every scenario, plus extra.
-func ordersArgs(extra ...string) []string {
+func ordersArgs(extra ...string) []string { return ordersArgsFor(relayKind, extra...) }
+
+// ordersArgsFor are ordersArgs with the relay kind kind ("" for the
+// service's default).
+func ordersArgsFor(kind string, extra ...string) []string {
 	args := []string{"-relay-poll-interval", pollInterval}
-	if relayKind != "" {
-		args = append(args, "-relay-kind", relayKind)
+	if kind != "" {
+		args = append(args, "-relay-kind", kind)
 	}
 	return append(args, extra...)
 }
@@ -58,6 +67,29 @@ func relayName() string {
 		return "default"
 	}
 	return relayKind
+}
+
+// relayKinds are the relay kinds forEachKind runs a scenario for:
+// CHAOS_RELAY_KIND alone when it is set; otherwise the Outboxmill relay's
+// two readers, polling (outboxmill) and the replication slot (cdc), so that
+// the default run, CI's, puts the slot reader through the same faults.
+func relayKinds() []string {
+	if relayKind != "" {
+		return []string{relayKind}
+	}
+	return []string{relay.KindOutboxmill, relay.KindCDC}
+}
+
+// forEachKind runs scenario as parallel subtests, one for each of
+// relayKinds, named after it.
+func forEachKind(t *testing.T, scenario func(t *testing.T, kind string)) {
+	t.Helper()
+	for _, kind := range relayKinds() {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			scenario(t, kind)
+		})
+	}
 }
 
 // newStack creates a stack for t, removed when t ends. The services' logs
@@ -115,9 +147,19 @@ func printSummary(w *os.File) {
 	if len(rows) == 0 {
 		return
 	}
-	sort.Slice(rows, func(i, j int) bool { return rows[i].order < rows[j].order })
+	// A scenario run for several kinds: its rows in relayKinds' order.
+	kindIndex := func(l ledger) int { return slices.Index(relayKinds(), l.relay) }
+	sort.Slice(rows, func(i, j int) bool {
+		if rows[i].order != rows[j].order {
+			return rows[i].order < rows[j].order
+		}
+		return kindIndex(rows[i]) < kindIndex(rows[j])
+	})
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nchaos summary (relay: %s, relay poll interval %s)\n", relayName(), pollInterval)
+	if kinds := relayKinds(); len(kinds) > 1 {
+		fmt.Fprintf(&b, "scenarios marked (kind) ran once for each relay kind: %s\n", strings.Join(kinds, ", "))
+	}
 	b.WriteString(summaryTable(rows))
 	fmt.Fprint(w, b.String())
 }

@@ -35,13 +35,18 @@ import (
 
 // The scenarios of this file inject faults that only the Outboxmill relay
 // is built to handle: an event the broker can never take, a queue that
-// refuses publishes, and an active relay that freezes.
+// refuses publishes, and an active relay that freezes. Both its kinds run
+// them: outboxmill, which polls the outbox, and cdc, the same relay reading
+// it from a replication slot.
 
-// skipUnlessOutboxmill skips t when the suite runs another relay kind.
+// skipUnlessOutboxmill skips t when the suite runs a relay kind that is not
+// the Outboxmill relay (watermill, Watermill's forwarder).
 func skipUnlessOutboxmill(t *testing.T) {
 	t.Helper()
-	if relayKind != "" && relayKind != relay.KindOutboxmill {
-		t.Skipf("relay kind %s: the scenario checks behaviour of the %s relay", relayKind, relay.KindOutboxmill)
+	switch relayKind {
+	case "", relay.KindOutboxmill, relay.KindCDC:
+	default:
+		t.Skipf("relay kind %s: the scenario checks behaviour of the Outboxmill relay (kinds %s and %s)", relayKind, relay.KindOutboxmill, relay.KindCDC)
 	}
 }
 
@@ -166,8 +171,14 @@ func TestChaos_PoisonRow(t *testing.T) {
 const placedAmount = 4200
 
 // commitOversizedOrder commits, through db, an order and its OrderPlaced
-// event written by writer, the event's outbox row given a metadata header
-// of oversizedHeader bytes in the same transaction. It returns the event.
+// event written by writer, the event's outbox row inserted with a metadata
+// header of oversizedHeader bytes. It returns the event.
+//
+// The row is inserted with the header, not updated after its insert: a
+// relay of kind cdc reads the outbox's inserts from its replication slot,
+// and an update would not reach it. So the writer's row is read back in a
+// savepoint, which is rolled back (the inserts of a rolled-back
+// subtransaction reach no slot), and inserted again with the header.
 func commitOversizedOrder(t *testing.T, db *sqlx.DB, writer *outbox.Writer) domain.Event {
 	t.Helper()
 	ctx := context.Background()
@@ -185,18 +196,26 @@ func commitOversizedOrder(t *testing.T, db *sqlx.DB, writer *outbox.Writer) doma
 		order.ID(), order.CustomerID(), order.Amount(), order.Currency(), order.Status(), order.Version()); err != nil {
 		t.Fatalf("insert order: %v", err)
 	}
+	if _, err := tx.ExecContext(ctx, `SAVEPOINT oversized`); err != nil {
+		t.Fatal(err)
+	}
 	if err := writer.Write(ctx, tx, events); err != nil {
 		t.Fatal(err)
 	}
-	res, err := tx.ExecContext(ctx, `
-		UPDATE `+testdb.Outbox.Table()+`
-		SET payload = jsonb_set(payload::jsonb, '{metadata,oversized}', to_jsonb(repeat('x', $2)))::json
-		WHERE payload->>'uuid' = $1`, events[0].ID, oversizedHeader)
-	if err != nil {
-		t.Fatalf("add the oversized header: %v", err)
+	var uuid, payload, metadata string
+	if err := tx.QueryRowxContext(ctx, `
+		SELECT uuid, jsonb_set(payload::jsonb, '{metadata,oversized}', to_jsonb(repeat('x', $2)))::text, metadata::text
+		FROM `+testdb.Outbox.Table()+` WHERE payload->>'uuid' = $1`, events[0].ID, oversizedHeader).
+		Scan(&uuid, &payload, &metadata); err != nil {
+		t.Fatalf("read the event's outbox row: %v", err)
 	}
-	if n, err := res.RowsAffected(); err != nil || n != 1 {
-		t.Fatalf("add the oversized header: %d rows (%v)", n, err)
+	if _, err := tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT oversized`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, `
+		INSERT INTO `+testdb.Outbox.Table()+` (uuid, payload, metadata, transaction_id)
+		VALUES ($1, $2::json, $3::json, pg_current_xact_id())`, uuid, payload, metadata); err != nil {
+		t.Fatalf("insert the oversized outbox row: %v", err)
 	}
 	if err := tx.Commit(); err != nil {
 		t.Fatalf("commit the oversized order: %v", err)
