@@ -18,11 +18,11 @@ chaos:
 build:
 	./scripts/build.sh
 
-# The benchmark (about ten minutes; see the README's Benchmark section).
+# The benchmark (about a quarter of an hour; see the README's Benchmark section).
 bench:
 	./scripts/bench.sh $(ARGS)
 
-# The quick benchmark (under two minutes).
+# The quick benchmark (about four minutes).
 bench-quick:
 	./scripts/bench.sh -quick $(ARGS)
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the benchmark: makes sure PostgreSQL and RabbitMQ are up, builds
 # cmd/bench and runs it with the given flags (for example -quick, -out DIR,
-# -relay-kinds watermill,outboxmill, -readme README.md; -h lists them all).
+# -relay-kinds outboxmill,cdc, -readme README.md; -h lists them all). By
+# default it measures every relay kind: watermill, outboxmill and cdc.
 # The report goes to ./bench-out unless -out says otherwise.
 set -euo pipefail
 

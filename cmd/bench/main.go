@@ -4,7 +4,7 @@
 //
 // Usage:
 //
-//	bench [-quick] [-out DIR] [-relay-kinds watermill,outboxmill] [-stages] [-readme README.md]
+//	bench [-quick] [-out DIR] [-relay-kinds watermill,outboxmill,cdc] [-stages] [-readme README.md]
 //
 // It exits 0 when the run completed, 1 when the integrity check failed (the
 // pipeline lost or doubled an event, or the handled events counted from the
@@ -42,9 +42,9 @@ func run(args []string, stderr io.Writer) int {
 	servers := stack.EnvFromEnvironment()
 	full, short := bench.FullConfig("", ""), bench.QuickConfig("", "")
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	quick := fs.Bool("quick", false, "quick run (under two minutes): smaller backlog, shorter windows, fewer loads")
+	quick := fs.Bool("quick", false, "quick run (about four minutes): smaller backlog, shorter windows, fewer loads")
 	out := fs.String("out", "bench-out", "directory the report is written to")
-	kinds := fs.String("relay-kinds", "watermill,outboxmill", "relay.New kinds measured as Outboxmill's pipeline (comma-separated); a kind the build does not know is skipped with a note")
+	kinds := fs.String("relay-kinds", "watermill,outboxmill,cdc", "relay.New kinds measured as Outboxmill's pipeline (comma-separated); a kind the build does not know is skipped with a note")
 	baselines := fs.String("baselines", "naive,stock,tuned", "baselines measured (comma-separated subset of naive, stock, tuned, or none)")
 	reps := fs.Int("reps", 2, "repetitions of each figure, 2..100")
 	loads := fs.String("loads", "", fmt.Sprintf("offered loads of the latency figures, events/s (1..1000000 each, increasing), comma-separated (default %s; quick %s)", joinInts(full.Loads), joinInts(short.Loads)))

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/internal/stack"
 )
@@ -19,7 +21,7 @@ func tinyConfig(t *testing.T) Config {
 	servers := stack.EnvFromEnvironment()
 	cfg := QuickConfig(servers.AdminDatabaseURL, servers.AMQPURL)
 	cfg.Mode = "tiny"
-	cfg.RelayKinds = []string{relay.KindWatermill, "no-such-kind"}
+	cfg.RelayKinds = []string{relay.KindWatermill, relay.KindCDC, "no-such-kind"}
 	// The stock forwarder polls once a second: it would slow the test down,
 	// and the ratios against it are tested on their own (TestRunner_finish).
 	cfg.Baselines = []string{BaselineNaive}
@@ -37,6 +39,8 @@ func tinyConfig(t *testing.T) Config {
 	cfg.LatencyWindow = 300 * time.Millisecond
 	cfg.IdleWindow = 500 * time.Millisecond
 	cfg.WakeWindow = 200 * time.Millisecond
+	cfg.HoldLoad = 20
+	cfg.HoldTime = time.Second
 	cfg.RelayPollInterval = 50 * time.Millisecond
 	cfg.StallTimeout = 20 * time.Second
 	cfg.Stages = true
@@ -57,6 +61,13 @@ func TestRun(t *testing.T) {
 		}
 
 		want := []struct{ group, name, variant string }{
+			{GroupDrain, figDrain(300), "relay/cdc"},
+			{GroupE2E, figE2E, "relay/cdc"},
+			{GroupIdle, figIdle, "relay/cdc"},
+			{GroupWake, figWakeOff, "relay/cdc"},
+			{GroupWake, figWakeOn, "relay/cdc"},
+			{GroupWake, figWakeNotify, "relay/cdc"},
+			{GroupWake, figWakePoll, "relay/cdc"},
 			{GroupLimit, figCommit(1), ""},
 			{GroupLimit, figCommit(4), ""},
 			{GroupLimit, figCommitStepwise(4), ""},
@@ -75,8 +86,19 @@ func TestRun(t *testing.T) {
 			{GroupWake, figWakeNotify, "relay/watermill"},
 			{GroupWake, figWakePoll, "relay/watermill"},
 		}
+		for _, v := range []string{"relay/watermill", "relay/cdc"} {
+			for _, held := range []bool{false, true} {
+				for _, stat := range []string{figP50, figP99, figMax, figAchieved} {
+					want = append(want, struct{ group, name, variant string }{GroupHold, figHold(stat, held), v})
+				}
+			}
+		}
 		for _, w := range want {
-			f, ok := report.find(w.group, w.name, w.variant)
+			load := 0
+			if w.group == GroupHold {
+				load = cfg.HoldLoad
+			}
+			f, ok := report.findLoad(w.group, w.name, w.variant, load)
 			if !ok {
 				t.Errorf("no figure %s / %s / %s", w.group, w.name, w.variant)
 				continue
@@ -107,6 +129,26 @@ func TestRun(t *testing.T) {
 			}
 		}
 
+		// A polling relay cannot forward an event committed while another
+		// database's transaction is open before that transaction ends, so
+		// the median event committed during the hold waits at least a
+		// quarter of it, however fast the machine. The cdc relay streams
+		// from its slot: it need not wait.
+		quarter := cfg.HoldTime.Seconds() * 1000 / 4
+		if f, ok := report.findLoad(GroupHold, figHold(figP50, true), "relay/watermill", cfg.HoldLoad); ok && f.Median < quarter {
+			t.Errorf("relay/watermill p50 with a %s hold = %.1f ms, want at least %.0f ms", cfg.HoldTime, f.Median, quarter)
+		}
+		if f, ok := report.findLoad(GroupHold, figHold(figP50, true), "relay/cdc", cfg.HoldLoad); ok && f.Median >= quarter {
+			t.Errorf("relay/cdc p50 with a %s hold = %.1f ms, want below %.0f ms", cfg.HoldTime, f.Median, quarter)
+		}
+		if notes := strings.Join(report.Notes, "\n"); strings.Contains(notes, "fell back to polling") {
+			t.Errorf("the cdc relay polled instead of streaming from its slot: %s", notes)
+		}
+		if f, ok := report.find(GroupIdle, figIdle, "relay/cdc"); ok && !strings.Contains(f.Note, "heartbeat") {
+			t.Errorf("cdc idle figure without its window's note: %+v", f)
+		}
+		assertNoSlotsLeft(t, report.RunID)
+
 		if len(report.Latency) == 0 {
 			t.Errorf("no latency point; notes: %v", report.Notes)
 		}
@@ -116,8 +158,8 @@ func TestRun(t *testing.T) {
 			}
 		}
 
-		if len(report.Integrity) != 2 {
-			t.Errorf("integrity of %d variants, want 2 (naive, relay/watermill): %+v", len(report.Integrity), report.Integrity)
+		if len(report.Integrity) != 3 {
+			t.Errorf("integrity of %d variants, want 3 (naive, relay/watermill, relay/cdc): %+v", len(report.Integrity), report.Integrity)
 		}
 		for _, in := range report.Integrity {
 			if in.Committed == 0 || in.Handled != in.Committed || in.Processed != in.Committed {
@@ -193,4 +235,28 @@ func TestRun(t *testing.T) {
 			t.Fatalf("Run with one repetition: err = %v, want a config error", err)
 		}
 	})
+}
+
+// assertNoSlotsLeft fails t if a replication slot of a database of run
+// runID is left on the server: every run drops its databases, and their
+// slots with them.
+func assertNoSlotsLeft(t *testing.T, runID string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, stack.EnvFromEnvironment().AdminDatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT slot_name::text || ' of ' || coalesce(database, '') FROM pg_replication_slots WHERE database LIKE $1 || '%'`, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) > 0 {
+		t.Errorf("replication slots left after the run: %v", left)
+	}
 }

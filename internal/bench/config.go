@@ -99,6 +99,16 @@ type Config struct {
 	// WakeWindow is how long the producers' commit rate is measured with
 	// and without the relay wake-up.
 	WakeWindow time.Duration
+	// HoldLoad is the offered load (events/s) of the held-transaction
+	// figures: the latency of each variant with an outbox, with and without
+	// a transaction held open in another database on the same server. 0
+	// leaves them out. A variant whose capacity it exceeds (CapacityShare)
+	// is skipped, as for Loads.
+	HoldLoad int
+	// HoldTime is how long that transaction stays open, from the end of the
+	// warm-up: the held figures' window, and the window of the figures
+	// without it.
+	HoldTime time.Duration
 	// ConsumerPrefetch is the prefetch of the settlement-style consumer.
 	ConsumerPrefetch int
 	// Consumer is the settlement consumer of the pipelines, baselines
@@ -132,13 +142,14 @@ type Config struct {
 	Progress io.Writer
 }
 
-// FullConfig is the full run: about ten minutes on a 2-core machine.
+// FullConfig is the full run: about a quarter of an hour on a 2-core
+// machine.
 func FullConfig(adminDatabaseURL, amqpURL string) Config {
 	return Config{
 		AdminDatabaseURL:  adminDatabaseURL,
 		AMQPURL:           amqpURL,
 		Mode:              "full",
-		RelayKinds:        []string{relay.KindWatermill, relay.KindOutboxmill},
+		RelayKinds:        []string{relay.KindWatermill, relay.KindOutboxmill, relay.KindCDC},
 		Baselines:         []string{BaselineNaive, BaselineStock, BaselineTuned},
 		Limits:            true,
 		Reps:              2,
@@ -159,6 +170,8 @@ func FullConfig(adminDatabaseURL, amqpURL string) Config {
 		LatencyWindow:     5 * time.Second,
 		IdleWindow:        6 * time.Second,
 		WakeWindow:        3 * time.Second,
+		HoldLoad:          200,
+		HoldTime:          5 * time.Second,
 		ConsumerPrefetch:  64,
 		Consumer:          ConsumerBatch,
 		TunedPollInterval: 10 * time.Millisecond,
@@ -168,7 +181,7 @@ func FullConfig(adminDatabaseURL, amqpURL string) Config {
 	}
 }
 
-// QuickConfig is the quick run: under two minutes on a 2-core machine, with
+// QuickConfig is the quick run: about four minutes on a 2-core machine, with
 // a smaller backlog, shorter windows and fewer loads.
 func QuickConfig(adminDatabaseURL, amqpURL string) Config {
 	c := FullConfig(adminDatabaseURL, amqpURL)
@@ -185,6 +198,7 @@ func QuickConfig(adminDatabaseURL, amqpURL string) Config {
 	c.LatencyWindow = 1500 * time.Millisecond
 	c.IdleWindow = 1500 * time.Millisecond
 	c.WakeWindow = 800 * time.Millisecond
+	c.HoldTime = 3 * time.Second
 	return c
 }
 
@@ -271,6 +285,12 @@ func (c Config) Validate() error {
 		if f.value <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %s", f.name, f.value))
 		}
+	}
+	if c.HoldLoad < 0 {
+		errs = append(errs, fmt.Errorf("hold load must not be negative, got %d", c.HoldLoad))
+	}
+	if c.HoldLoad > 0 && c.HoldTime <= 0 {
+		errs = append(errs, fmt.Errorf("hold time must be positive, got %s", c.HoldTime))
 	}
 	if c.Warmup < 0 || c.RelayPollInterval < 0 {
 		errs = append(errs, errors.New("warmup and relay poll interval must not be negative"))

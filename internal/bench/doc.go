@@ -16,7 +16,12 @@
 //     from commit to handled at fixed offered loads, the database
 //     transactions per second while idle, and the producers' commit rate
 //     without a wake-up, with the in-process wake-up (RelayWakeUp) and with a
-//     notification after commit.
+//     notification after commit;
+//   - for every pipeline with an outbox, the latency at one load with
+//     nothing held and while a session of another database on the same
+//     server holds a transaction open: the relays that keep watermill-sql's
+//     visibility rule wait for it, the cdc kind, which reads a replication
+//     slot, need not.
 //
 // During the end-to-end and latency windows a watch samples how long other
 // databases' transactions hold the server's xmin horizon back, which stalls
@@ -39,5 +44,6 @@
 // server's xmin horizon back.
 //
 // Every run works in its own databases and broker objects, named after the
-// run, and removes them when it ends.
+// run, and removes them when it ends, with the replication slots the cdc
+// relay made in them.
 package bench

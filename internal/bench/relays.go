@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -48,6 +49,9 @@ type variant struct {
 	naive bool
 	// kind is the relay.New kind, or empty for a forwarder built here.
 	kind string
+	// slots receives the slot health of a relay kind's relays (every one
+	// built for the variant); nil for baselines.
+	slots *slotHealth
 	// build returns the variant's relay over the outbox in db, publishing
 	// to exchange, set up as o says. Nil for naive variants.
 	build func(db *sqlx.DB, exchange string, o buildOptions) (relay.Relay, error)
@@ -111,25 +115,65 @@ func variants(cfg Config) []variant {
 		})
 	}
 	for _, kind := range cfg.RelayKinds {
+		description := fmt.Sprintf("relay.New(db, %q, cfg), poll interval %s, woken by RelayWakeUp after each commit", kind, pollText(cfg.RelayPollInterval))
+		if kind == relay.KindCDC {
+			description = fmt.Sprintf("relay.New(db, %q, cfg): the Outboxmill relay reading the outbox from a logical replication slot (pgoutput), "+
+				"heartbeat every %s; RelayWakeUp is called after each commit, as for the other kinds", kind, cdcHeartbeatInterval)
+		}
+		health := &slotHealth{}
 		vs = append(vs, variant{
 			key:         "relay/" + kind,
 			label:       "relay " + kind,
-			description: fmt.Sprintf("relay.New(db, %q, cfg), poll interval %s, woken by RelayWakeUp after each commit", kind, pollText(cfg.RelayPollInterval)),
+			description: description,
 			kind:        kind,
+			slots:       health,
 			build: func(db *sqlx.DB, exchange string, o buildOptions) (relay.Relay, error) {
 				return relay.New(db, kind, relay.Config{
-					Outbox:        benchOutbox,
-					AMQPURL:       cfg.AMQPURL,
-					Exchange:      exchange,
-					PollInterval:  cmp.Or(o.pollInterval, cfg.RelayPollInterval),
-					NotifyChannel: o.notifyChannel,
-					Logger:        cfg.Logger,
+					Outbox:            benchOutbox,
+					AMQPURL:           cfg.AMQPURL,
+					Exchange:          exchange,
+					PollInterval:      cmp.Or(o.pollInterval, cfg.RelayPollInterval),
+					NotifyChannel:     o.notifyChannel,
+					HeartbeatInterval: cdcHeartbeatInterval,
+					Metrics:           health,
+					Logger:            cfg.Logger,
 				})
 			},
 		})
 	}
 	return vs
 }
+
+// cdcHeartbeatInterval is the heartbeat interval of the cdc relay: its
+// default, set here so that its idle window can span whole intervals (see
+// idleWindow). Other kinds ignore it.
+const cdcHeartbeatInterval = 5 * time.Second
+
+// slotHealth is the Metrics of the bench's relays. It records what a cdc
+// relay reports of its slot (relay.SlotMetrics): the services' metrics
+// implement it too, so the relay reads its slot's health at each heartbeat
+// as it does there, and the report can say when the relay polled the outbox
+// because no slot could be had. Everything else is discarded.
+type slotHealth struct {
+	relay.NopMetrics
+	fallbacks atomic.Int64
+	recreated atomic.Int64
+}
+
+var _ relay.SlotMetrics = (*slotHealth)(nil)
+
+// Slot implements relay.SlotMetrics.
+func (h *slotHealth) Slot(string, int64, int64) {}
+
+// Fallback implements relay.SlotMetrics: each switch to polling counts.
+func (h *slotHealth) Fallback(polling bool) {
+	if polling {
+		h.fallbacks.Add(1)
+	}
+}
+
+// SlotRecreated implements relay.SlotMetrics.
+func (h *slotHealth) SlotRecreated() { h.recreated.Add(1) }
 
 func pollText(d time.Duration) string {
 	if d == 0 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -15,11 +16,14 @@ const (
 	GroupDrain   = "drain"
 	GroupE2E     = "end to end"
 	GroupLatency = "latency"
-	GroupIdle    = "idle"
-	GroupWake    = "wake-up"
+	// GroupHold is the latency at one load with and without a transaction
+	// held open in another database on the same server.
+	GroupHold = "held transaction"
+	GroupIdle = "idle"
+	GroupWake = "wake-up"
 )
 
-var groupOrder = []string{GroupLimit, GroupDrain, GroupE2E, GroupLatency, GroupIdle, GroupWake}
+var groupOrder = []string{GroupLimit, GroupDrain, GroupE2E, GroupLatency, GroupHold, GroupIdle, GroupWake}
 
 // Report is the outcome of a run.
 type Report struct {
@@ -83,6 +87,8 @@ type Settings struct {
 	LatencyWindowS   float64 `json:"latency_window_s"`
 	IdleWindowS      float64 `json:"idle_window_s"`
 	WakeWindowS      float64 `json:"wake_window_s"`
+	HoldLoad         int     `json:"hold_load_per_s,omitempty"`
+	HoldS            float64 `json:"hold_s,omitempty"`
 	ConsumerPrefetch int     `json:"consumer_prefetch"`
 	Consumer         string  `json:"consumer"`
 	Stages           bool    `json:"stages"`
@@ -95,8 +101,8 @@ func settingsOf(c Config) Settings {
 		Backlog: c.Backlog, DrainMaxS: c.DrainMax.Seconds(), Producers: c.Producers, MaxInFlight: c.MaxInFlight,
 		E2EWindowS: c.E2EWindow.Seconds(), WarmupS: c.Warmup.Seconds(), Loads: c.Loads,
 		CapacityShare: c.CapacityShare, LatencyWindowS: c.LatencyWindow.Seconds(), IdleWindowS: c.IdleWindow.Seconds(),
-		WakeWindowS: c.WakeWindow.Seconds(), ConsumerPrefetch: c.ConsumerPrefetch, Consumer: c.Consumer,
-		Stages: c.Stages,
+		WakeWindowS: c.WakeWindow.Seconds(), HoldLoad: c.HoldLoad, HoldS: c.HoldTime.Seconds(),
+		ConsumerPrefetch: c.ConsumerPrefetch, Consumer: c.Consumer, Stages: c.Stages,
 	}
 }
 
@@ -298,6 +304,10 @@ func (r *Report) rows() []tableRow {
 			rows = append(rows, r.latencyRows()...)
 			continue
 		}
+		if g == GroupHold {
+			rows = append(rows, r.holdRows()...)
+			continue
+		}
 		for _, f := range r.Figures {
 			if f.Group != g {
 				continue
@@ -347,31 +357,74 @@ func (r *Report) latencyRows() []tableRow {
 			p99, _ := r.findLoad(GroupLatency, figP99, v.Key, f.Load)
 			mx, _ := r.findLoad(GroupLatency, figMax, v.Key, f.Load)
 			ach, _ := r.findLoad(GroupLatency, figAchieved, v.Key, f.Load)
-			row := tableRow{
-				group:   GroupLatency,
-				figure:  fmt.Sprintf("p50 / p99 / max at %d/s", f.Load),
-				variant: v.Label,
-				median:  formatValue(f.Median, "ms") + " / " + formatValue(p99.Median, "ms") + " / " + formatValue(mx.Median, "ms"),
-				min:     formatValue(f.Min, "ms") + " / " + formatValue(p99.Min, "ms") + " / " + formatValue(mx.Min, "ms"),
-				unit:    "ms",
-				vsLimit: fmt.Sprintf("achieved %.0f/s", ach.Median),
-			}
-			if h := f.horizonNote(); h != "" {
-				row.vsLimit += "; " + h
-			}
-			var stock []string
-			for _, fig := range []Figure{f, p99} {
-				for _, ra := range fig.Ratios {
-					if ra.Kind == "stock" {
-						stock = append(stock, fmt.Sprintf("%s %.3fx", fig.Name, ra.Value))
-					}
-				}
-			}
-			row.vsStock = strings.Join(stock, "; ")
-			rows = append(rows, row)
+			rows = append(rows, latencyRow(GroupLatency, fmt.Sprintf("p50 / p99 / max at %d/s", f.Load), v.Label, f, p99, mx, ach))
 		}
 	}
 	return rows
+}
+
+// latencyRow renders one row of p50 / p99 / max: the achieved load, the
+// horizon and the ratios of p50 and p99 against stock (as "p50 0.010x"),
+// and their other ratios (as "p99 9.50x nothing held").
+func latencyRow(group, figure, label string, p50, p99, mx, ach Figure) tableRow {
+	row := tableRow{
+		group:   group,
+		figure:  figure,
+		variant: label,
+		median:  formatValue(p50.Median, "ms") + " / " + formatValue(p99.Median, "ms") + " / " + formatValue(mx.Median, "ms"),
+		min:     formatValue(p50.Min, "ms") + " / " + formatValue(p99.Min, "ms") + " / " + formatValue(mx.Min, "ms"),
+		unit:    "ms",
+		vsLimit: fmt.Sprintf("achieved %.0f/s", ach.Median),
+	}
+	var stock []string
+	for _, fig := range []Figure{p50, p99} {
+		stat, _, _ := strings.Cut(fig.Name, ",")
+		for _, ra := range fig.Ratios {
+			if ra.Kind == "stock" {
+				stock = append(stock, fmt.Sprintf("%s %.3fx", stat, ra.Value))
+			} else {
+				row.vsLimit += fmt.Sprintf("; %s %.2fx %s", stat, ra.Value, ra.Against)
+			}
+		}
+	}
+	if h := p50.horizonNote(); h != "" {
+		row.vsLimit += "; " + h
+	}
+	row.vsStock = strings.Join(stock, "; ")
+	return row
+}
+
+// holdRows renders the held-transaction figures one row per variant and
+// arm, the arm without a held transaction first: p50 / p99 / max.
+func (r *Report) holdRows() []tableRow {
+	arms := []struct {
+		held bool
+		text string
+	}{
+		{false, "nothing held"},
+		{true, fmt.Sprintf("another database holds a transaction %s", formatSeconds(r.Settings.HoldS))},
+	}
+	var rows []tableRow
+	for _, v := range r.Variants {
+		for _, arm := range arms {
+			for _, f := range r.Figures {
+				if f.Group != GroupHold || f.Variant != v.Key || f.Name != figHold(figP50, arm.held) {
+					continue
+				}
+				p99, _ := r.findLoad(GroupHold, figHold(figP99, arm.held), v.Key, f.Load)
+				mx, _ := r.findLoad(GroupHold, figHold(figMax, arm.held), v.Key, f.Load)
+				ach, _ := r.findLoad(GroupHold, figHold(figAchieved, arm.held), v.Key, f.Load)
+				figure := fmt.Sprintf("p50 / p99 / max at %d/s, %s", f.Load, arm.text)
+				rows = append(rows, latencyRow(GroupHold, figure, v.Label, f, p99, mx, ach))
+			}
+		}
+	}
+	return rows
+}
+
+// formatSeconds renders s seconds as "3 s" or "2.5 s".
+func formatSeconds(s float64) string {
+	return strconv.FormatFloat(s, 'f', -1, 64) + " s"
 }
 
 // WriteTable writes the figures as an aligned text table.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/internal/stack"
 )
 
@@ -24,6 +25,9 @@ type runner struct {
 	// skipped holds, by variant key, why a variant could not be measured.
 	skipped map[string]string
 	limits  limitSamples
+	// hold is the database of the held-transaction figures' session,
+	// created on first use (holdDatabase).
+	hold *database
 }
 
 // Run measures everything cfg asks for and returns the report. When the run
@@ -77,6 +81,7 @@ func (r *runner) run(ctx context.Context) error {
 	for _, v := range vs {
 		r.report.Variants = append(r.report.Variants, VariantInfo{Key: v.key, Label: v.label, Description: v.description})
 	}
+	defer r.noteSlots(vs)
 
 	// Half the limit repetitions run first, the other half last.
 	firstReps := (r.cfg.Reps + 1) / 2
@@ -105,6 +110,27 @@ func (r *runner) run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// noteSlots says, for each relay kind whose relays reported on a
+// replication slot, how often they recreated it and whether they polled the
+// outbox because no slot could be had: figures measured meanwhile are
+// polling figures, which the notes say.
+func (r *runner) noteSlots(vs []variant) {
+	for _, v := range vs {
+		if v.slots == nil {
+			continue
+		}
+		fallbacks, recreated := v.slots.fallbacks.Load(), v.slots.recreated.Load()
+		if fallbacks > 0 {
+			r.report.Notes = append(r.report.Notes, fmt.Sprintf(
+				"%s: fell back to polling the outbox %d times, no replication slot to be had (bench.log says why): figures measured meanwhile are polling figures",
+				v.label, fallbacks))
+		}
+		if fallbacks > 0 || recreated > 0 || v.kind == relay.KindCDC {
+			r.progress("slots  %-24s %d fallbacks to polling; slot recreated %d times (lost, dropped, or left behind by another kind: the pipelines share one orders database)", v.label, fallbacks, recreated)
+		}
+	}
 }
 
 // poolSize is the size of the pool the writers of every measurement share.
@@ -214,6 +240,13 @@ func (r *runner) finish() {
 			if f.Name == figWakeOn || f.Name == figWakeNotify {
 				ref, ok := rep.find(GroupWake, figWakePoll, f.Variant)
 				addRatio(f, "limit", "1 ms poll", ref, ok)
+			}
+		case GroupHold:
+			for _, stat := range []string{figP50, figP99} {
+				if f.Name == figHold(stat, true) {
+					ref, ok := rep.findLoad(GroupHold, figHold(stat, false), f.Variant, f.Load)
+					addRatio(f, "limit", "nothing held", ref, ok)
+				}
 			}
 		}
 		if f.Variant != BaselineStock && f.Variant != "" && f.Group != GroupWake {

@@ -95,6 +95,19 @@ func TestRunner_finish(t *testing.T) {
 		fig(GroupLatency, figAchieved, v, 200, 199)
 	}
 	fig(GroupLatency, figP50, "relay/outboxmill", 1000, 6)
+	for _, v := range []string{BaselineStock, "relay/outboxmill"} {
+		for _, held := range []bool{false, true} {
+			// Stock's p99 is 1 s with nothing held; both wait out a 3 s hold.
+			p99 := map[string]float64{BaselineStock: 1000, "relay/outboxmill": 10}[v]
+			if held {
+				p99 = 3000
+			}
+			fig(GroupHold, figHold(figP50, held), v, 200, p99/2)
+			fig(GroupHold, figHold(figP99, held), v, 200, p99)
+			fig(GroupHold, figHold(figMax, held), v, 200, p99)
+			fig(GroupHold, figHold(figAchieved, held), v, 200, 200)
+		}
+	}
 	fig(GroupIdle, figIdle, BaselineStock, 0, 1)
 	fig(GroupIdle, figIdle, "relay/outboxmill", 0, 2)
 	fig(GroupWake, figWakeOff, "relay/outboxmill", 0, 3000)
@@ -136,6 +149,10 @@ func TestRunner_finish(t *testing.T) {
 		{"end to end against the consumer", GroupE2E, figE2E, "relay/outboxmill", 0, "limit:consumer", 0.8},
 		{"end to end against stock", GroupE2E, figE2E, "relay/outboxmill", 0, "stock", 4},
 		{"p50 against stock at the same load", GroupLatency, figP50, "relay/outboxmill", 200, "stock", 0.01},
+		{"held p99 against nothing held", GroupHold, figHold(figP99, true), "relay/outboxmill", 200, "limit:nothing held", 300},
+		{"held p50 against nothing held", GroupHold, figHold(figP50, true), BaselineStock, 200, "limit:nothing held", 3},
+		{"p99 with nothing held against stock", GroupHold, figHold(figP99, false), "relay/outboxmill", 200, "stock", 0.01},
+		{"held p99 against stock held", GroupHold, figHold(figP99, true), "relay/outboxmill", 200, "stock", 1},
 		{"idle against stock", GroupIdle, figIdle, "relay/outboxmill", 0, "stock", 2},
 		{"no wake-up against the commit limit", GroupWake, figWakeOff, "relay/outboxmill", 0, "limit", 0.75},
 		{"wake-up against no wake-up", GroupWake, figWakeOn, "relay/outboxmill", 0, "limit:no wake-up", 0.9},
@@ -161,6 +178,27 @@ func TestRunner_finish(t *testing.T) {
 	t.Run("stock has no ratio against itself", func(t *testing.T) {
 		if got := ratio(GroupE2E, figE2E, BaselineStock, 0, "stock"); !math.IsNaN(got) {
 			t.Errorf("stock against stock = %g", got)
+		}
+	})
+	t.Run("nothing held has no ratio against itself", func(t *testing.T) {
+		if got := ratio(GroupHold, figHold(figP99, false), "relay/outboxmill", 200, "limit"); !math.IsNaN(got) {
+			t.Errorf("ratio = %g", got)
+		}
+	})
+	t.Run("held rows follow the rows without, per variant", func(t *testing.T) {
+		r.report.Settings.HoldS = 3
+		var got []string
+		for _, row := range r.report.holdRows() {
+			got = append(got, row.variant+": "+row.figure+": "+row.median+": "+row.vsLimit)
+		}
+		want := []string{
+			"Watermill stock: p50 / p99 / max at 200/s, nothing held: 500 / 1.00k / 1.00k: achieved 200/s",
+			"Watermill stock: p50 / p99 / max at 200/s, another database holds a transaction 3 s: 1.50k / 3.00k / 3.00k: achieved 200/s; p50 3.00x nothing held; p99 3.00x nothing held",
+			"relay outboxmill: p50 / p99 / max at 200/s, nothing held: 5.00 / 10.0 / 10.0: achieved 200/s",
+			"relay outboxmill: p50 / p99 / max at 200/s, another database holds a transaction 3 s: 1.50k / 3.00k / 3.00k: achieved 200/s; p50 300.00x nothing held; p99 300.00x nothing held",
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("hold rows:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 		}
 	})
 	t.Run("latency curves", func(t *testing.T) {
@@ -197,6 +235,8 @@ func TestConfig_Validate(t *testing.T) {
 		{"no backlog", func(c *Config) { c.Backlog = 0 }, "backlog must be at least 1"},
 		{"no drain time", func(c *Config) { c.DrainMax = 0 }, "drain max must be positive"},
 		{"no broker", func(c *Config) { c.AMQPURL = "" }, "empty AMQP URL"},
+		{"negative hold load", func(c *Config) { c.HoldLoad = -1 }, "hold load must not be negative"},
+		{"no hold time", func(c *Config) { c.HoldTime = 0 }, "hold time must be positive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok
@@ -204,6 +244,29 @@ func TestConfig_Validate(t *testing.T) {
 			err := c.Validate()
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("Validate() = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestIdleWindow(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		window time.Duration
+		kind   string
+		want   time.Duration
+	}{
+		{"outboxmill keeps the window", 1500 * time.Millisecond, "outboxmill", 1500 * time.Millisecond},
+		{"baseline keeps the window", 1500 * time.Millisecond, "", 1500 * time.Millisecond},
+		{"cdc up to one heartbeat interval", 1500 * time.Millisecond, "cdc", cdcHeartbeatInterval},
+		{"cdc up to two heartbeat intervals", cdcHeartbeatInterval + time.Millisecond, "cdc", 2 * cdcHeartbeatInterval},
+		{"cdc on a whole interval", 2 * cdcHeartbeatInterval, "cdc", 2 * cdcHeartbeatInterval},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := QuickConfig("postgres://x", "amqp://x")
+			cfg.IdleWindow = tc.window
+			if got := idleWindow(cfg, variant{kind: tc.kind}); got != tc.want {
+				t.Errorf("idleWindow(%s, %q) = %s, want %s", tc.window, tc.kind, got, tc.want)
 			}
 		})
 	}
