@@ -109,10 +109,6 @@ type sample struct {
 	lsn  uint64
 }
 
-// maxSamples bounds the samples a feed keeps while its stream is not past
-// them; older ones are dropped (the position then moves less far).
-const maxSamples = 64
-
 // feed streams an outbox's inserts from a replication slot into a stream.
 // Its reader goroutine owns the replication connection's reads; status
 // updates are written from the same goroutine (a connection can be read
@@ -133,8 +129,8 @@ type feed struct {
 	ack      atomic.Uint64 // stored: every transaction committed before it is forwarded and marked
 	received atomic.Uint64 // the end of what the stream has received
 
-	// The position writer's own.
-	samples []sample
+	// The position writer's own: the sample the stream is not past yet.
+	pending *sample
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -316,7 +312,7 @@ func (r *Outboxmill) recreateSlot(ctx context.Context, l *lease, f *feed, st slo
 	f.catchup = sr
 	// Every transaction below the snapshot's xmin committed before the
 	// consistent point: once the stream is past it, they are all forwarded.
-	f.samples = []sample{{xmin: xmin, lsn: f.start}}
+	f.pending = &sample{xmin: xmin, lsn: f.start}
 	if f.snapXmin, err = strconv.ParseUint(xmin, 10, 64); err != nil {
 		return fmt.Errorf("cdc: the slot's snapshot xmin %q: %w", xmin, err)
 	}
@@ -900,13 +896,14 @@ const sampleQuery = `
 // stored in the offsets table. In one transaction on the lease's session:
 //
 //   - the rows to set aside are recorded;
-//   - a sample of the oldest transaction that may write to the outbox and
-//     of the WAL position is taken (sampleQuery), and the newest sample the
-//     stream is past (every transaction
-//     committed before it is marked) gives the offsets position: the last
-//     outbox row of a transaction below the sample's xmin. Every row at or
-//     before it is forwarded, so a polling relay that takes over from it
-//     loses nothing, and re-sends what was forwarded since the sample;
+//   - once the stream is past the pending sample (every transaction
+//     committed before its LSN is marked), the sample gives the offsets
+//     position: the last outbox row of a transaction below the sample's
+//     xmin. Every row at or before it is forwarded, so a polling relay that
+//     takes over from it loses nothing, and re-sends what was forwarded
+//     since the sample. A new sample of the oldest transaction that may
+//     write to the outbox and of the WAL position (sampleQuery) is taken
+//     then: one at a time, as the stream passes each;
 //   - the offsets position moves there (compare-and-set from prev);
 //   - outbox_cdc_positions records the LSN past every transaction marked,
 //     and the offsets position stored with it.
@@ -927,60 +924,41 @@ func (f *feed) store(ctx context.Context, l *lease, prev position, rows, aside [
 		}
 	}
 	next := prev
-	var samples []sample
+	var pending *sample
 	err := l.use(ctx, func(ctx context.Context, conn *sqlx.Conn) error {
 		return r.mark(ctx, conn, aside, func(tx *sqlx.Tx) error {
 			var err error
-			next, samples, err = f.move(ctx, tx, prev, ack, caught)
+			next, pending, err = f.move(ctx, tx, prev, ack, caught)
 			return err
 		})
 	})
 	if err != nil {
 		return prev, err
 	}
-	f.samples = samples
+	f.pending = pending
 	f.ack.Store(ack)
 	return next, nil
 }
 
-// move takes a sample, moves the offsets position from prev past the rows
-// of the newest sample ack is past, or to caught, whichever is further, and
-// records ack, through tx. It returns the position and the samples left.
+// move moves the offsets position from prev past the rows of the pending
+// sample once ack is past it, or to caught, whichever is further, takes the
+// next sample when none is pending, and records ack, through tx. It returns
+// the position and the sample now pending.
 //
 // caught, when set, is the last row read from a new slot's snapshot whose
 // transaction is below the snapshot's xmin: every row before it is in the
 // snapshot, read before it, so the position may move there while the
 // snapshot is still being read, long before the stream reaches the
 // snapshot's sample.
-func (f *feed) move(ctx context.Context, tx *sqlx.Tx, prev position, ack uint64, caught position) (position, []sample, error) {
+func (f *feed) move(ctx context.Context, tx *sqlx.Tx, prev position, ack uint64, caught position) (position, *sample, error) {
 	r := f.r
-	var s sample
-	var lsn string
-	if err := tx.QueryRowxContext(ctx, sampleQuery).Scan(&s.xmin, &lsn); err != nil {
-		return prev, nil, fmt.Errorf("store relay position: sample: %w", err)
-	}
-	var err error
-	if s.lsn, err = lsnOf(lsn); err != nil {
-		return prev, nil, fmt.Errorf("store relay position: sample: %w", err)
-	}
-	samples := f.samples
-	if len(samples) == maxSamples {
-		samples = samples[1:]
-	}
-	samples = append(samples, s)
-	past := -1
-	for i, s := range samples {
-		if s.lsn <= ack {
-			past = i
-		}
-	}
-	next := prev
-	if past >= 0 {
+	next, pending := prev, f.pending
+	if pending != nil && pending.lsn <= ack {
 		var p position
 		err := tx.QueryRowxContext(ctx, `
 			SELECT m.transaction_id::text, m."offset" FROM `+r.config.Outbox.Table()+` m
 			WHERE m.transaction_id < $1::xid8 AND (m.transaction_id, m."offset") > ($2::xid8, $3::bigint)
-			ORDER BY m.transaction_id DESC, m."offset" DESC LIMIT 1`, samples[past].xmin, prev.txID, prev.offset).
+			ORDER BY m.transaction_id DESC, m."offset" DESC LIMIT 1`, pending.xmin, prev.txID, prev.offset).
 			Scan(&p.txID, &p.offset)
 		switch {
 		case err == nil:
@@ -988,7 +966,19 @@ func (f *feed) move(ctx context.Context, tx *sqlx.Tx, prev position, ack uint64,
 		case !errors.Is(err, sql.ErrNoRows):
 			return prev, nil, fmt.Errorf("store relay position: %w", err)
 		}
-		samples = samples[past+1:]
+		pending = nil
+	}
+	if pending == nil {
+		var s sample
+		var lsn string
+		if err := tx.QueryRowxContext(ctx, sampleQuery).Scan(&s.xmin, &lsn); err != nil {
+			return prev, nil, fmt.Errorf("store relay position: sample: %w", err)
+		}
+		var err error
+		if s.lsn, err = lsnOf(lsn); err != nil {
+			return prev, nil, fmt.Errorf("store relay position: sample: %w", err)
+		}
+		pending = &s
 	}
 	if caught.txID != "" && laterThan(caught, next) {
 		next = caught
@@ -1008,7 +998,7 @@ func (f *feed) move(ctx context.Context, tx *sqlx.Tx, prev position, ack uint64,
 			return prev, nil, fmt.Errorf("store relay position: record slot position: %w", err)
 		}
 	}
-	return next, samples, nil
+	return next, pending, nil
 }
 
 // heartbeat emits a logical decoding message in the outbox's database and

@@ -24,25 +24,9 @@ import (
 // position would wait for the other transaction.
 func TestCDC_OffsetsPositionFollowsPastAnotherDatabasesTransaction(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
+	f := newCDCFixture(t)
 	d := f.bindQueue("#")
-	cfg := f.config()
-	cfg.StatusInterval = 20 * time.Millisecond
-	cfg.HeartbeatInterval = 50 * time.Millisecond
-	r, err := relay.NewCDC(f.db, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	t.Cleanup(func() {
-		if err := r.Close(); err != nil {
-			t.Errorf("close relay: %v", err)
-		}
-		if err := <-done; err != nil {
-			t.Errorf("relay run: %v", err)
-		}
-	})
+	f.runKind(relay.KindCDC, f.cdcConfig())
 
 	// Creating a slot waits for every transaction open on the server: let
 	// the relay stream before the other transaction starts.
@@ -124,16 +108,7 @@ func TestCDC_AnswersKeepalivesThatAskForAReply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	t.Cleanup(func() {
-		if err := r.Close(); err != nil {
-			t.Errorf("close relay: %v", err)
-		}
-		if err := <-done; err != nil {
-			t.Errorf("relay run: %v", err)
-		}
-	})
+	runRelay(t, relay.KindCDC, r)
 	ev := f.commit("order-"+domain.NewEventID(), 1)
 	if got := receive(t, d, 1, 30*time.Second); got[0].id != ev.ID {
 		t.Fatalf("delivery %+v, want %s", got[0], ev.ID)

@@ -32,15 +32,8 @@ func ExampleNew() {
 
 	// The topology is declared before anything is published, so that the
 	// event waits in its consumer's queue.
-	exchange := ns + ".shipping.events"
-	top := rabbitmq.Topology{
-		Exchanges: []string{exchange},
-		Queues: []rabbitmq.Queue{{
-			Name:     ns + ".tracking",
-			Bindings: []rabbitmq.Binding{{Exchange: exchange, RoutingKey: "ParcelShipped.*"}},
-		}},
-	}
-	if err := rabbitmq.Declare(ctx, url, top); err != nil {
+	exchange, top, err := exampleTopology(ctx, url, ns)
+	if err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -87,6 +80,20 @@ func ExampleCheckEnvelope() {
 	fmt.Println(errors.Is(err, relay.ErrNotEnvelope))
 	// Output:
 	// true
+}
+
+// exampleTopology declares the examples' exchange and the queue
+// ns.tracking, bound to ParcelShipped events.
+func exampleTopology(ctx context.Context, url, ns string) (string, rabbitmq.Topology, error) {
+	exchange := ns + ".shipping.events"
+	top := rabbitmq.Topology{
+		Exchanges: []string{exchange},
+		Queues: []rabbitmq.Queue{{
+			Name:     ns + ".tracking",
+			Bindings: []rabbitmq.Binding{{Exchange: exchange, RoutingKey: "ParcelShipped.*"}},
+		}},
+	}
+	return exchange, top, rabbitmq.Declare(ctx, url, top)
 }
 
 // exampleCommit commits the ParcelShipped event of parcel id to box, as
@@ -139,15 +146,8 @@ func ExampleNewCDC() {
 	url, ns := exampleenv.Broker()
 	ctx := context.Background()
 
-	exchange := ns + ".shipping.events"
-	top := rabbitmq.Topology{
-		Exchanges: []string{exchange},
-		Queues: []rabbitmq.Queue{{
-			Name:     ns + ".tracking",
-			Bindings: []rabbitmq.Binding{{Exchange: exchange, RoutingKey: "ParcelShipped.*"}},
-		}},
-	}
-	if err := rabbitmq.Declare(ctx, url, top); err != nil {
+	exchange, top, err := exampleTopology(ctx, url, ns)
+	if err != nil {
 		fmt.Println(err)
 		return
 	}

@@ -584,7 +584,7 @@ type settledRows struct {
 type positionWriter struct {
 	r         *Outboxmill
 	lease     *lease
-	feed      *feed // a CDC relay's; nil for a polling relay
+	mark      marker
 	pos       position
 	queue     chan settledRows
 	errc      chan error    // the first storing error; after it nothing is stored
@@ -593,8 +593,29 @@ type positionWriter struct {
 	done      chan struct{}
 }
 
+// marker stores the position past rows, settled in stream order, setting
+// aside the rows to set aside among them, and returns the position stored.
+type marker func(ctx context.Context, l *lease, prev position, rows, aside []row) (position, error)
+
+// markLast is a polling relay's marker: rows come in position order, so the
+// position moves to the last of them.
+func (r *Outboxmill) markLast(ctx context.Context, l *lease, prev position, rows, aside []row) (position, error) {
+	next := rows[len(rows)-1].pos
+	if err := r.storePosition(ctx, l, prev, next, aside); err != nil {
+		return prev, err
+	}
+	return next, nil
+}
+
+// startPositionWriter starts the position writer of a stream at pos. A
+// CDC relay's rows come in commit order and f marks them (feed.store); a
+// polling relay's f is nil.
 func startPositionWriter(r *Outboxmill, l *lease, pos position, f *feed) *positionWriter {
-	w := &positionWriter{r: r, lease: l, feed: f, pos: pos, queue: make(chan settledRows, 64), errc: make(chan error, 1),
+	mark := r.markLast
+	if f != nil {
+		mark = f.store
+	}
+	w := &positionWriter{r: r, lease: l, mark: mark, pos: pos, queue: make(chan settledRows, 64), errc: make(chan error, 1),
 		stored: make(chan struct{}, 1), done: make(chan struct{})}
 	go w.run()
 	return w
@@ -653,10 +674,9 @@ func (w *positionWriter) run() {
 // store moves the position past every row of pending, setting aside the
 // rows to set aside, in one transaction.
 func (w *positionWriter) store(pending []settledRows) error {
-	var aside, all []row
-	n, published := 0, 0
+	var aside []row
+	published := 0
 	for _, p := range pending {
-		n += len(p.rows)
 		for _, x := range p.rows {
 			switch {
 			case x.aside != nil:
@@ -665,28 +685,24 @@ func (w *positionWriter) store(pending []settledRows) error {
 				published++
 			}
 		}
-		if w.feed != nil {
+	}
+	all := pending[0].rows
+	if len(pending) > 1 {
+		all = nil
+		for _, p := range pending {
 			all = append(all, p.rows...)
 		}
 	}
-	last := pending[len(pending)-1].rows
-	next := last[len(last)-1].pos
 	ctx, cancel := context.WithTimeout(context.Background(), w.r.config.ConfirmTimeout)
 	defer cancel()
-	if w.feed != nil {
-		// Commit order is not position order: the feed finds the
-		// position a polling relay could take over from.
-		var err error
-		if next, err = w.feed.store(ctx, w.lease, w.pos, all, aside); err != nil {
-			return err
-		}
-	} else if err := w.r.storePosition(ctx, w.lease, w.pos, next, aside); err != nil {
+	next, err := w.mark(ctx, w.lease, w.pos, all, aside)
+	if err != nil {
 		return err
 	}
-	w.r.logger.Debug("relay position stored", "rows", n, "from_tx", w.pos.txID, "from_offset", w.pos.offset,
+	w.r.logger.Debug("relay position stored", "rows", len(all), "from_tx", w.pos.txID, "from_offset", w.pos.offset,
 		"to_tx", next.txID, "to_offset", next.offset)
 	w.pos = next
-	w.storedSeq.Store(last[len(last)-1].seq)
+	w.storedSeq.Store(all[len(all)-1].seq)
 	select {
 	case w.stored <- struct{}{}:
 	default:
