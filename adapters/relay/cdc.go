@@ -503,10 +503,11 @@ func fallBackWorthy(err error) bool {
 	case "55000", // object_not_in_prerequisite_state: wal_level is not logical
 		"42501", // insufficient_privilege: no REPLICATION, or may not create the publication
 		"53400", // configuration_limit_exceeded: every replication slot is in use
-		"53300", // too_many_connections: every walsender is in use
 		"42P01", // undefined_table: outbox_cdc_positions is not migrated
 		"42704": // undefined_object: the publication is missing
 		return true
+	case "53300": // too_many_connections: every walsender is in use, or only every connection for now
+		return strings.Contains(pgErr.Message, "max_wal_senders")
 	}
 	return false
 }

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/outboxmill/outboxmill/internal/testdb"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/relay"
@@ -194,14 +196,28 @@ func readCommitted(ctx context.Context, s *stack.Stack) ([]committedEvent, error
 // terminate-sessions scenario spares.
 const testAppName = "outboxmill-chaos-test"
 
-// connect opens a connection marked as the test's own.
+// connect opens a connection marked as the test's own. While the server
+// has no connection to spare (SQLSTATE 53300: test packages share it), it
+// tries again, for a minute at most.
 func connect(ctx context.Context, url string) (*pgx.Conn, error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		return nil, err
 	}
 	cfg.RuntimeParams["application_name"] = testAppName
-	return pgx.ConnectConfig(ctx, cfg)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		conn, err := pgx.ConnectConfig(ctx, cfg)
+		var pgErr *pgconn.PgError
+		if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "53300" || time.Now().After(deadline) {
+			return conn, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // countSetAside counts the messages settlement set aside and the outbox rows
