@@ -45,7 +45,7 @@ func run(args []string, stderr io.Writer) int {
 	quick := fs.Bool("quick", false, "quick run (about four minutes): smaller backlog, shorter windows, fewer loads")
 	out := fs.String("out", "bench-out", "directory the report is written to")
 	kinds := fs.String("relay-kinds", "watermill,outboxmill,cdc", "relay.New kinds measured as Outboxmill's pipeline (comma-separated); a kind the build does not know is skipped with a note")
-	baselines := fs.String("baselines", "naive,stock,tuned", "baselines measured (comma-separated subset of naive, stock, tuned, or none)")
+	baselines := fs.String("baselines", "floor,naive,stock,tuned", "baselines measured (comma-separated subset of floor, naive, stock, tuned, or none)")
 	reps := fs.Int("reps", 2, "repetitions of each figure, 2..100")
 	loads := fs.String("loads", "", fmt.Sprintf("offered loads of the latency figures, events/s (1..1000000 each, increasing), comma-separated (default %s; quick %s)", joinInts(full.Loads), joinInts(short.Loads)))
 	backlog := fs.Int("backlog", 0, fmt.Sprintf("events pre-filled for the drain rate, 0..10000000 (0: the default, %d; quick %d)", full.Backlog, short.Backlog))

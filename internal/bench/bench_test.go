@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +25,7 @@ func tinyConfig(t *testing.T) Config {
 	cfg.RelayKinds = []string{relay.KindWatermill, relay.KindCDC, "no-such-kind"}
 	// The stock forwarder polls once a second: it would slow the test down,
 	// and the ratios against it are tested on their own (TestRunner_finish).
-	cfg.Baselines = []string{BaselineNaive}
+	cfg.Baselines = []string{BaselineFloor, BaselineNaive}
 	cfg.CommitWriters = []int{1, 4}
 	cfg.LimitWindow = 200 * time.Millisecond
 	cfg.ConsumeMessages = 200
@@ -34,7 +35,8 @@ func tinyConfig(t *testing.T) Config {
 	cfg.Producers = 4
 	cfg.MaxInFlight = 100
 	cfg.Warmup = 100 * time.Millisecond
-	cfg.E2EWindow = 400 * time.Millisecond
+	// Long enough for every process's CPU time to move (10 ms ticks).
+	cfg.E2EWindow = time.Second
 	cfg.Loads = []int{20}
 	cfg.LatencyWindow = 300 * time.Millisecond
 	cfg.IdleWindow = 500 * time.Millisecond
@@ -74,11 +76,13 @@ func TestRun(t *testing.T) {
 			{GroupLimit, figPublishEach, ""},
 			{GroupLimit, figPublishWindow + " 256", ""},
 			{GroupLimit, figPublishBacklog(300, 256), ""},
+			{GroupLimit, figPublishRaw(300, 256), ""},
 			{GroupLimit, figConsume, ""},
 			{GroupLimit, figSettleRouter, ""},
 			{GroupLimit, figSettleBatched, ""},
 			{GroupDrain, figDrain(300), "relay/watermill"},
 			{GroupE2E, figE2E, BaselineNaive},
+			{GroupE2E, figE2E, BaselineFloor},
 			{GroupE2E, figE2E, "relay/watermill"},
 			{GroupIdle, figIdle, "relay/watermill"},
 			{GroupWake, figWakeOff, "relay/watermill"},
@@ -108,6 +112,48 @@ func TestRun(t *testing.T) {
 			}
 			if !(f.Min <= f.Median) {
 				t.Errorf("%s %s: min %g above median %g", f.Name, f.Variant, f.Min, f.Median)
+			}
+		}
+		// Every pipeline's cost: each process taking part spent CPU time
+		// on its events, the WAL grew and bytes crossed to the broker. A
+		// term missing or at zero means a process was not found or not
+		// sorted into its term. The server's own processes (walwriter,
+		// checkpointer) may not spend a whole tick in a window this short:
+		// their figure need only be there.
+		for _, v := range []string{BaselineFloor, BaselineNaive, "relay/watermill", "relay/cdc"} {
+			if f, ok := report.find(GroupCost, costTermPrefix+termPGServer, v); !ok || len(f.Samples) != cfg.Reps {
+				t.Errorf("cost figure of the server processes of %s: %+v", v, f)
+			}
+			terms := []string{termPGProducers, termPGConsumer, termBroker, termProducers, termConsumer, termRuntime}
+			if strings.HasPrefix(v, "relay/") {
+				terms = append(terms, termPGRelay, termRelay)
+			}
+			names := []string{figCostCPU, figCostWAL, figCostWire, figCostDisk}
+			for _, term := range terms {
+				names = append(names, costTermPrefix+term)
+			}
+			for _, name := range names {
+				f, ok := report.find(GroupCost, name, v)
+				switch {
+				case !ok:
+					t.Errorf("no cost figure %q for %s", name, v)
+				case len(f.Samples) != cfg.Reps || !(slices.Max(f.Samples) > 0):
+					t.Errorf("cost figure %q of %s: samples %v, want %d, not all zero", name, v, f.Samples, cfg.Reps)
+				}
+			}
+			if _, ok := report.find(GroupCost, costTermPrefix+termBench, v); ok {
+				t.Errorf("%s: the bench process's CPU time was not split between producers, relay and consumer", v)
+			}
+		}
+		if f, _ := report.find(GroupCost, figCostCPU, "relay/cdc"); len(f.Ratios) < 2 {
+			t.Errorf("relay/cdc CPU per event without its ratios to the floor and the naive dual write: %+v", f)
+		}
+		if _, ok := report.find(GroupCost, costTermPrefix+termPGRelay, BaselineNaive); ok {
+			t.Errorf("the naive dual write has no relay, yet a cost of its sessions")
+		}
+		for _, in := range report.Integrity {
+			if in.Variant == BaselineFloor && (!in.NoMarkers || in.Committed == 0 || in.Handled != in.Committed) {
+				t.Errorf("floor integrity %+v, want every committed event handled, without markers", in)
 			}
 		}
 		if f, ok := report.find(GroupDrain, figDrain(300), "relay/watermill"); ok && f.Median <= 0 {
@@ -158,10 +204,13 @@ func TestRun(t *testing.T) {
 			}
 		}
 
-		if len(report.Integrity) != 3 {
-			t.Errorf("integrity of %d variants, want 3 (naive, relay/watermill, relay/cdc): %+v", len(report.Integrity), report.Integrity)
+		if len(report.Integrity) != 4 {
+			t.Errorf("integrity of %d variants, want 4 (floor, naive, relay/watermill, relay/cdc): %+v", len(report.Integrity), report.Integrity)
 		}
 		for _, in := range report.Integrity {
+			if in.Variant == BaselineFloor {
+				continue // checked above: it writes no processed_events
+			}
 			if in.Committed == 0 || in.Handled != in.Committed || in.Processed != in.Committed {
 				t.Errorf("%s: committed %d, handled %d, processed %d", in.Variant, in.Committed, in.Handled, in.Processed)
 			}

@@ -211,10 +211,12 @@ const exampleLimit = 5
 // (two entries), no entry may belong to an event never committed, and the
 // benchmark handler's processed_events rows must be the events the
 // consumer's callbacks reported handled. A row the callbacks have not
-// reported yet is waited for up to grace. It also reads the rows set aside
-// by the consumer (set_aside_messages) and by the relay (outbox_set_aside).
-func checkIntegrity(ctx context.Context, settleDB, ordersDB *sqlx.DB, variant string, tr *tracker, grace time.Duration) (Integrity, error) {
-	in := Integrity{Variant: variant}
+// reported yet is waited for up to grace. Without markers (the floor's
+// consumer writes none) that comparison is left out. It also reads the rows
+// set aside by the consumer (set_aside_messages) and by the relay
+// (outbox_set_aside).
+func checkIntegrity(ctx context.Context, settleDB, ordersDB *sqlx.DB, variant string, tr *tracker, grace time.Duration, markers bool) (Integrity, error) {
+	in := Integrity{Variant: variant, NoMarkers: !markers}
 	var err error
 	if in.ConsumerSetAside, in.ConsumerSetAsideReasons, err = readSetAside(ctx, settleDB,
 		`SELECT count(*) OVER (), message_id, reason FROM set_aside_messages ORDER BY id LIMIT $1`); err != nil {
@@ -255,7 +257,10 @@ func checkIntegrity(ctx context.Context, settleDB, ordersDB *sqlx.DB, variant st
 
 	// The callbacks come just after each commit: a row read above may not
 	// be reported yet.
-	unreported := tr.unreported(marked)
+	var unreported []string
+	if markers {
+		unreported = tr.unreported(marked)
+	}
 	deadline := time.Now().Add(grace)
 	for len(unreported) > 0 && time.Now().Before(deadline) {
 		if err := sleep(ctx, 10*time.Millisecond); err != nil {
@@ -291,7 +296,7 @@ func checkIntegrity(ctx context.Context, settleDB, ordersDB *sqlx.DB, variant st
 		}
 	}
 	for id := range tr.handled {
-		if !marked[id] {
+		if markers && !marked[id] {
 			in.Unmarked++
 			example(exampleUnmarked, id)
 		}

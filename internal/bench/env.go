@@ -121,7 +121,7 @@ func (e *env) adminExec(ctx context.Context, sql string) error {
 // ordersDatabase creates a database holding the orders tables and the
 // outbox, and opens a pool of maxConns on it.
 func (e *env) ordersDatabase(ctx context.Context, purpose string, maxConns int) (*database, *sqlx.DB, error) {
-	return e.migratedDatabase(ctx, purpose, maxConns, func(db *sqlx.DB) error {
+	return e.migratedDatabase(ctx, purpose, componentProducers, maxConns, func(db *sqlx.DB) error {
 		if err := postgres.MigrateFramework(ctx, db); err != nil {
 			return err
 		}
@@ -135,7 +135,7 @@ func (e *env) ordersDatabase(ctx context.Context, purpose string, maxConns int) 
 // settlementDatabase creates a database holding the settlement tables and
 // opens a pool of maxConns on it.
 func (e *env) settlementDatabase(ctx context.Context, purpose string, maxConns int) (*database, *sqlx.DB, error) {
-	return e.migratedDatabase(ctx, purpose, maxConns, func(db *sqlx.DB) error {
+	return e.migratedDatabase(ctx, purpose, componentConsumer, maxConns, func(db *sqlx.DB) error {
 		if err := postgres.MigrateFramework(ctx, db); err != nil {
 			return err
 		}
@@ -143,14 +143,15 @@ func (e *env) settlementDatabase(ctx context.Context, purpose string, maxConns i
 	})
 }
 
-// migratedDatabase creates a database, opens a pool of maxConns on it and
-// runs migrate on it.
-func (e *env) migratedDatabase(ctx context.Context, purpose string, maxConns int, migrate func(*sqlx.DB) error) (*database, *sqlx.DB, error) {
+// migratedDatabase creates a database, opens a pool of maxConns on it, its
+// sessions named after component (the producers' pool on the orders
+// database, the consumer's on the settlement one), and runs migrate on it.
+func (e *env) migratedDatabase(ctx context.Context, purpose, component string, maxConns int, migrate func(*sqlx.DB) error) (*database, *sqlx.DB, error) {
 	d, err := e.createDatabase(ctx, purpose, "")
 	if err != nil {
 		return nil, nil, err
 	}
-	db, err := postgres.Open(ctx, d.url, maxConns)
+	db, err := postgres.Open(ctx, withApplicationName(d.url, component), maxConns)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -45,9 +45,9 @@ const horizonThreshold = 50 * time.Millisecond
 func (e *env) watchHorizon(ctx context.Context, own ...string) *horizonWatch {
 	ctx, cancel := context.WithCancel(ctx)
 	w := &horizonWatch{cancel: cancel, done: make(chan struct{})}
-	go func() {
+	go labelled(ctx, componentMonitor, func(ctx context.Context) {
 		defer close(w.done)
-		conn, err := pgx.Connect(ctx, e.servers.AdminDatabaseURL)
+		conn, err := pgx.Connect(ctx, withApplicationName(e.servers.AdminDatabaseURL, componentMonitor))
 		if err != nil {
 			w.fail(err)
 			return
@@ -81,7 +81,7 @@ func (e *env) watchHorizon(ctx context.Context, own ...string) *horizonWatch {
 			case <-tick.C:
 			}
 		}
-	}()
+	})
 	return w
 }
 

@@ -38,6 +38,16 @@ func figPublishBacklog(backlog, window int) string {
 	return fmt.Sprintf("publish %s, confirm window %d", n, window)
 }
 
+// figPublishRaw names the broker's raw limit: a backlog's worth of minimal
+// messages (rawBody, persistent, no header) published through the default
+// exchange into one queue.
+func figPublishRaw(backlog, window int) string {
+	return strings.Replace(figPublishBacklog(backlog, window), "publish", "publish minimal", 1)
+}
+
+// rawBody is the body of the raw limit's minimal message.
+var rawBody = []byte("0123456789abcdef")
+
 func figCommit(writers int) string {
 	if writers == 1 {
 		return "commit order+outbox, 1 writer"
@@ -226,6 +236,22 @@ func (r *runner) measureBrokerLimits(ctx context.Context) error {
 		return err
 	}
 
+	// The broker's raw limit: the same count of minimal persistent
+	// messages, straight into the same queue through the default exchange.
+	rawName := figPublishRaw(r.cfg.Backlog, r.cfg.ConfirmWindow)
+	raw := amqp.Publishing{DeliveryMode: amqp.Persistent, Body: rawBody}
+	start = time.Now()
+	if err := publishN(ctx, conn, "", queue, raw, r.cfg.ConfirmWindow, r.cfg.Backlog); err != nil {
+		return fmt.Errorf("%s: %w", rawName, err)
+	}
+	rate = float64(r.cfg.Backlog) / time.Since(start).Seconds()
+	r.limits.add(rawName, rate)
+	r.limits.note(rawName, fmt.Sprintf("%d-byte body, no header, default exchange", len(rawBody)))
+	r.progress("limit  %-40s %.0f/s", rawName, rate)
+	if err := purge(conn, queue); err != nil {
+		return err
+	}
+
 	if err := publishN(ctx, conn, objs.exchange, key, pub, r.cfg.ConfirmWindow, r.cfg.ConsumeMessages); err != nil {
 		return fmt.Errorf("fill queue to consume: %w", err)
 	}
@@ -278,7 +304,7 @@ func (r *runner) settle(ctx context.Context, db *sqlx.DB, names module.Names, sp
 	if lost > 0 {
 		return 0, fmt.Errorf("%d events not handled after %s without progress: %s", lost, r.cfg.StallTimeout, stall)
 	}
-	in, err := checkIntegrity(ctx, db, nil, spec.Kind, tr, integrityGrace)
+	in, err := checkIntegrity(ctx, db, nil, spec.Kind, tr, integrityGrace, true)
 	if err != nil {
 		return 0, err
 	}

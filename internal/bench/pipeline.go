@@ -234,6 +234,8 @@ type pipeline struct {
 	names    module.Names
 	tr       *tracker
 	cons     *consumerRun
+	// floor is the consumer of the floor variant, in place of cons.
+	floor    *floorConsumer
 	relay    *runningRelay
 	amqpConn *amqp.Connection
 	units    []unitOfWork
@@ -275,18 +277,32 @@ func (r *runner) setUp(ctx context.Context, v variant) (p *pipeline, err error) 
 	if err != nil {
 		return p, err
 	}
-	p.cons, err = startConsumer(ctx, p.work.settleDB, r.servers.AMQPURL, p.names, r.consumerSpec(), p.tr, r.cfg.Logger)
+	labelled(ctx, componentConsumer, func(ctx context.Context) {
+		if v.floor {
+			p.floor, err = startFloorConsumer(ctx, p.work.settleDB, r.servers.AMQPURL, p.names, r.cfg.ConsumerPrefetch, p.tr)
+		} else {
+			p.cons, err = startConsumer(ctx, p.work.settleDB, r.servers.AMQPURL, p.names, r.consumerSpec(), p.tr, r.cfg.Logger)
+		}
+	})
 	if err != nil {
 		return p, err
 	}
-	p.onClose(func(context.Context) error { return p.cons.close() })
+	p.onClose(func(context.Context) error {
+		if p.floor != nil {
+			return p.floor.close()
+		}
+		return p.cons.close()
+	})
 
 	writer, err := newWriter()
 	if err != nil {
 		return p, err
 	}
 	if v.naive {
-		p.amqpConn, err = rabbitmq.Dial(ctx, r.servers.AMQPURL)
+		// Its reading goroutine works for the producers.
+		labelled(ctx, componentProducers, func(ctx context.Context) {
+			p.amqpConn, err = rabbitmq.Dial(ctx, r.servers.AMQPURL)
+		})
 		if err != nil {
 			return p, err
 		}
@@ -305,16 +321,21 @@ func (r *runner) setUp(ctx context.Context, v variant) (p *pipeline, err error) 
 		return p, nil
 	}
 
-	p.relayDB, err = postgres.Open(ctx, p.work.orders.url, relayPoolSize)
+	p.relayDB, err = postgres.Open(ctx, withApplicationName(p.work.orders.url, componentRelay), relayPoolSize)
 	if err != nil {
 		return p, err
 	}
 	p.onClose(closeDB(p.relayDB))
-	rel, err := v.build(p.relayDB, p.names.Exchange(benchPublisher), buildOptions{})
+	// A forwarder's publisher connects when it is built: both are the relay's.
+	var rel relay.Relay
+	labelled(ctx, componentRelay, func(ctx context.Context) {
+		if rel, err = v.build(p.relayDB, p.names.Exchange(benchPublisher), buildOptions{}); err == nil {
+			p.relay = startRelay(ctx, rel)
+		}
+	})
 	if err != nil {
 		return p, &buildError{err}
 	}
-	p.relay = startRelay(ctx, rel)
 	p.onClose(func(context.Context) error { return p.relay.stop() })
 	var listener app.CommitListener
 	if v.kind != "" {
@@ -346,6 +367,9 @@ func (r *runner) measurePipeline(ctx context.Context, v variant) error {
 	if err != nil {
 		return err
 	}
+	if v.floor {
+		return r.checkPipeline(ctx, p)
+	}
 	if err := r.measureLatency(ctx, p, capacity); err != nil {
 		return err
 	}
@@ -357,6 +381,13 @@ func (r *runner) measurePipeline(ctx context.Context, v variant) error {
 			return err
 		}
 	}
+	return r.checkPipeline(ctx, p)
+}
+
+// checkPipeline checks that every event p's producers committed was handled
+// exactly once, and adds the check to the report.
+func (r *runner) checkPipeline(ctx context.Context, p *pipeline) error {
+	v := p.v
 	if p.tr.publishErrors.Load() > 0 {
 		r.report.Notes = append(r.report.Notes, fmt.Sprintf("%s: %d publishes failed after their commit: those events are lost, the failure mode of a dual write", v.label, p.tr.publishErrors.Load()))
 	}
@@ -364,7 +395,7 @@ func (r *runner) measurePipeline(ctx context.Context, v variant) error {
 	if !v.naive {
 		ordersDB = p.work.ordersDB
 	}
-	in, err := checkIntegrity(ctx, p.work.settleDB, ordersDB, v.key, p.tr, integrityGrace)
+	in, err := checkIntegrity(ctx, p.work.settleDB, ordersDB, v.key, p.tr, integrityGrace, !v.floor)
 	if err != nil {
 		return err
 	}
@@ -385,26 +416,39 @@ func (r *runner) measureE2E(ctx context.Context, p *pipeline) (float64, error) {
 	hold := func() bool { return p.tr.inFlight() >= int64(r.cfg.MaxInFlight) }
 	var samples, commits, held []float64
 	var horizon horizonStats
+	var costs []costSample
 	for rep := 0; rep < r.cfg.Reps; rep++ {
 		type result struct {
 			res flatOutResult
 			err error
 		}
 		done := make(chan result, 1)
-		go func() {
+		go labelled(ctx, componentProducers, func(ctx context.Context) {
 			res, err := flatOut(ctx, p.units, r.cfg.Warmup+r.cfg.E2EWindow, p.tr, hold)
 			done <- result{res, err}
-		}()
+		})
 		if err := sleep(ctx, r.cfg.Warmup); err != nil {
 			return 0, err
 		}
 		watch := r.watchHorizon(ctx, p.work.orders.name, p.work.settle.name)
+		cw, err := r.costs.start(ctx, r.servers.AdminDatabaseURL, p.work.orders.name, p.work.settle.name)
+		if err != nil {
+			_, _ = watch.stop()
+			return 0, err
+		}
 		h0, t0 := p.tr.nHandled.Load(), time.Now()
 		if err := sleep(ctx, r.cfg.E2EWindow); err != nil {
+			cw.close(ctx)
 			_, _ = watch.stop()
 			return 0, err
 		}
 		h1, t1 := p.tr.nHandled.Load(), time.Now()
+		cost, err := cw.stop(ctx, h1-h0)
+		if err != nil {
+			_, _ = watch.stop()
+			return 0, err
+		}
+		costs = append(costs, cost)
 		hs, err := watch.stop()
 		if err != nil {
 			return 0, err
@@ -427,10 +471,12 @@ func (r *runner) measureE2E(ctx context.Context, p *pipeline) (float64, error) {
 		}
 		r.progress("e2e    %-24s rep %d: %.0f handled/s (producers %.0f/s, held back %.0f%%; %d in flight at the end%s, caught up in %.1f s; %s)",
 			p.v.label, rep+1, rate, res.res.Rate(), 100*res.res.Held, backlog, where, time.Since(drainStart).Seconds(), hs)
+		r.progress("cost   %-24s rep %d: %s", p.v.label, rep+1, cost)
 		if lost > 0 {
 			r.progress("e2e    %-24s %d events not handled after %s without progress; %s", p.v.label, lost, r.cfg.StallTimeout, stall)
 		}
 	}
+	r.report.Figures = append(r.report.Figures, r.costs.figures(p.v.key, costs)...)
 	f := newFigure(GroupE2E, figE2E, p.v.key, "events/s", samples)
 	_, commitMedian := summary(commits)
 	_, heldMedian := summary(held)

@@ -47,6 +47,9 @@ type variant struct {
 	key, label, description string
 	// naive variants have no relay: producers publish themselves.
 	naive bool
+	// floor is the cost floor: naive producers, and a consumer without the
+	// framework's dedup marker and version guard (floorConsumer).
+	floor bool
 	// kind is the relay.New kind, or empty for a forwarder built here.
 	kind string
 	// slots receives the slot health of a relay kind's relays (every one
@@ -71,6 +74,17 @@ type buildOptions struct {
 // relay kinds.
 func variants(cfg Config) []variant {
 	var vs []variant
+	if cfg.hasBaseline(BaselineFloor) {
+		vs = append(vs, variant{
+			key:   BaselineFloor,
+			label: "floor",
+			description: "the same workload without the outbox's own work: commit the order row, then publish the event with a confirm " +
+				"(no outbox row, no relay); the consumer books the ledger entries without a dedup marker or version guard. " +
+				"End-to-end throughput and cost only",
+			naive: true,
+			floor: true,
+		})
+	}
 	if cfg.hasBaseline(BaselineNaive) {
 		vs = append(vs, variant{
 			key:         BaselineNaive,

@@ -21,9 +21,12 @@ const (
 	GroupHold = "held transaction"
 	GroupIdle = "idle"
 	GroupWake = "wake-up"
+	// GroupCost is what an event costs in the end-to-end windows: CPU time
+	// of every process taking part, WAL, broker bytes.
+	GroupCost = "cost"
 )
 
-var groupOrder = []string{GroupLimit, GroupDrain, GroupE2E, GroupLatency, GroupHold, GroupIdle, GroupWake}
+var groupOrder = []string{GroupLimit, GroupDrain, GroupE2E, GroupCost, GroupLatency, GroupHold, GroupIdle, GroupWake}
 
 // Report is the outcome of a run.
 type Report struct {
@@ -212,6 +215,10 @@ type Integrity struct {
 	// "id: reason".
 	RelaySetAside        int      `json:"relay_set_aside"`
 	RelaySetAsideReasons []string `json:"relay_set_aside_reasons,omitempty"`
+	// NoMarkers is set for the floor, whose consumer writes no
+	// processed_events rows: Processed, Unmarked and Unreported are not
+	// counted.
+	NoMarkers bool `json:"no_markers,omitempty"`
 	// Examples lists a few event ids of each problem: lost, doubled, ghost,
 	// or a disagreement between the callbacks and processed_events.
 	Examples []string `json:"examples,omitempty"`
@@ -227,8 +234,12 @@ func (i Integrity) OK() bool {
 // OK, what is wrong with a few event ids.
 func (i Integrity) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "committed %d, handled %d by the callbacks and %d in processed_events, redelivered %d; set aside %d by the consumer, %d by the relay",
-		i.Committed, i.Handled, i.Processed, i.Redelivered, i.ConsumerSetAside, i.RelaySetAside)
+	marked := fmt.Sprintf("%d in processed_events", i.Processed)
+	if i.NoMarkers {
+		marked = "no processed_events (the floor writes none)"
+	}
+	fmt.Fprintf(&b, "committed %d, handled %d by the callbacks and %s, redelivered %d; set aside %d by the consumer, %d by the relay",
+		i.Committed, i.Handled, marked, i.Redelivered, i.ConsumerSetAside, i.RelaySetAside)
 	if len(i.ConsumerSetAsideReasons) > 0 {
 		fmt.Fprintf(&b, " (consumer: %s)", strings.Join(i.ConsumerSetAsideReasons, "; "))
 	}
@@ -309,8 +320,8 @@ func (r *Report) rows() []tableRow {
 			continue
 		}
 		for _, f := range r.Figures {
-			if f.Group != g {
-				continue
+			if f.Group != g || strings.HasPrefix(f.Name, costTermPrefix) {
+				continue // the terms of the cost are in the cost matrix
 			}
 			row := tableRow{
 				group:   g,
@@ -462,6 +473,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 			b.WriteString(strings.Repeat("-", total-2) + "\n")
 		}
 	}
+	r.writeCostText(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -478,6 +490,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		}
 		b.WriteString("| " + strings.Join(cells, " | ") + " |\n")
 	}
+	r.writeCostMarkdown(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -520,4 +533,97 @@ func (r *Report) WriteMachine(w io.Writer) error {
 	_, err := fmt.Fprintf(w, "%d CPUs%s, %s, %s, %s; PostgreSQL %s; RabbitMQ %s; load average %.1f at the start, %.1f at the end.\n",
 		m.CPUs, cpu, mem, m.OS, m.GoVersion, m.PostgreSQL, m.RabbitMQ, m.LoadBefore, m.LoadAfter)
 	return err
+}
+
+// costMatrix lays the cost figures out as a matrix: a header row naming the
+// variants whose cost was measured, then a row per term of the CPU time per
+// event, the total, and the bytes per event. Each cell is the median of the
+// repetitions. It returns nil when no cost was measured.
+func (r *Report) costMatrix() [][]string {
+	var variants []string
+	for _, v := range r.Variants {
+		if _, ok := r.find(GroupCost, figCostCPU, v.Key); ok {
+			variants = append(variants, v.Key)
+		}
+	}
+	if len(variants) == 0 {
+		return nil
+	}
+	header := []string{"per event"}
+	for _, v := range variants {
+		header = append(header, r.label(v))
+	}
+	out := [][]string{header}
+	row := func(title, name, unit string) {
+		cells := []string{title}
+		any := false
+		for _, v := range variants {
+			if f, ok := r.find(GroupCost, name, v); ok {
+				cells = append(cells, formatValue(f.Median, unit))
+				any = true
+			} else {
+				cells = append(cells, "-")
+			}
+		}
+		if any {
+			out = append(out, cells)
+		}
+	}
+	for _, t := range costTerms {
+		row("CPU µs, "+t, costTermPrefix+t, "µs/event")
+	}
+	row("CPU µs, total", figCostCPU, "µs/event")
+	row("WAL bytes", figCostWAL, "B/event")
+	row("broker bytes, to and from", figCostWire, "B/event")
+	row("broker bytes, to disk", figCostDisk, "B/event")
+	return out
+}
+
+// costMatrixTitle introduces the cost matrix.
+const costMatrixTitle = "Cost per event in the end-to-end windows (median of the repetitions): CPU time of each process taking part, WAL, broker bytes"
+
+// writeCostText writes the cost matrix as aligned text.
+func (r *Report) writeCostText(b *strings.Builder) {
+	m := r.costMatrix()
+	if m == nil {
+		return
+	}
+	width := make([]int, len(m[0]))
+	for _, row := range m {
+		for i, c := range row {
+			width[i] = max(width[i], len([]rune(c)))
+		}
+	}
+	b.WriteString("\n" + costMatrixTitle + "\n\n")
+	for i, row := range m {
+		for j, c := range row {
+			pad := strings.Repeat(" ", width[j]-len([]rune(c)))
+			if j == 0 {
+				b.WriteString(c + pad)
+			} else {
+				b.WriteString("  " + pad + c)
+			}
+		}
+		b.WriteString("\n")
+		if i == 0 {
+			total := 0
+			for _, n := range width {
+				total += n + 2
+			}
+			b.WriteString(strings.Repeat("-", total-2) + "\n")
+		}
+	}
+}
+
+// writeCostMarkdown writes the cost matrix as a Markdown table.
+func (r *Report) writeCostMarkdown(b *strings.Builder) {
+	m := r.costMatrix()
+	if m == nil {
+		return
+	}
+	b.WriteString("\n" + costMatrixTitle + ":\n\n")
+	b.WriteString("| " + strings.Join(m[0], " | ") + " |\n|---" + strings.Repeat("|--:", len(m[0])-1) + "|\n")
+	for _, row := range m[1:] {
+		b.WriteString("| " + strings.Join(row, " | ") + " |\n")
+	}
 }

@@ -28,6 +28,8 @@ type runner struct {
 	// hold is the database of the held-transaction figures' session,
 	// created on first use (holdDatabase).
 	hold *database
+	// costs reads what each end-to-end window cost.
+	costs *costMeter
 }
 
 // Run measures everything cfg asks for and returns the report. When the run
@@ -71,6 +73,8 @@ func (r *runner) run(ctx context.Context) error {
 	m.IdleCounter = "pg_stat_database xact_commit+xact_rollback of the pipeline's databases (transactions/s)"
 	r.report.Machine = m
 	r.progress("run %s (%s) on %d CPUs, PostgreSQL %s, RabbitMQ %s, load average %.1f", r.runID, r.cfg.Mode, m.CPUs, m.PostgreSQL, m.RabbitMQ, m.LoadBefore)
+	r.costs = r.newCostMeter(ctx)
+	r.report.Notes = append(r.report.Notes, r.costs.notes...)
 	if note, err := r.statementsNote(ctx); err != nil {
 		return err
 	} else if note != "" {
@@ -197,6 +201,7 @@ func (r *runner) finish() {
 	}
 	windowName := fmt.Sprintf("%s %d", figPublishWindow, r.cfg.ConfirmWindow)
 	backlogName := figPublishBacklog(r.cfg.Backlog, r.cfg.ConfirmWindow)
+	rawName := figPublishRaw(r.cfg.Backlog, r.cfg.ConfirmWindow)
 	for i := range rep.Figures {
 		f := &rep.Figures[i]
 		switch f.Group {
@@ -213,6 +218,10 @@ func (r *runner) finish() {
 				ref, ok := rep.find(GroupLimit, figPublishEach, "")
 				addRatio(f, "limit", "confirm each", ref, ok)
 			}
+			if f.Name == backlogName {
+				ref, ok := rep.find(GroupLimit, rawName, "")
+				addRatio(f, "limit", "minimal message", ref, ok)
+			}
 			if f.Name == figSettleBatched {
 				ref, ok := rep.find(GroupLimit, figSettleRouter, "")
 				addRatio(f, "limit", "router consumer", ref, ok)
@@ -220,8 +229,8 @@ func (r *runner) finish() {
 		case GroupDrain:
 			ref, ok := rep.find(GroupLimit, backlogName, "")
 			addRatio(f, "limit", fmt.Sprintf("publishing %d", r.cfg.Backlog), ref, ok)
-			ref, ok = rep.find(GroupLimit, windowName, "")
-			addRatio(f, "limit", "publish window", ref, ok)
+			ref, ok = rep.find(GroupLimit, rawName, "")
+			addRatio(f, "limit", "raw broker limit", ref, ok)
 		case GroupE2E:
 			if f.Name == figE2E {
 				ref, ok := commitRef(r.cfg.Producers)
@@ -240,6 +249,18 @@ func (r *runner) finish() {
 			if f.Name == figWakeOn || f.Name == figWakeNotify {
 				ref, ok := rep.find(GroupWake, figWakePoll, f.Variant)
 				addRatio(f, "limit", "1 ms poll", ref, ok)
+			}
+		case GroupCost:
+			if f.Variant != BaselineFloor {
+				ref, ok := rep.find(GroupCost, f.Name, BaselineFloor)
+				addRatio(f, "limit", "floor", ref, ok)
+				if f.Name == figCostCPU && ok {
+					f.Note = fmt.Sprintf("outbox overhead %+.0f µs/event over the floor", f.Median-ref.Median)
+				}
+			}
+			if f.Variant != BaselineNaive && f.Variant != BaselineFloor {
+				ref, ok := rep.find(GroupCost, f.Name, BaselineNaive)
+				addRatio(f, "limit", "naive dual write", ref, ok)
 			}
 		case GroupHold:
 			for _, stat := range []string{figP50, figP99} {

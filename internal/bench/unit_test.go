@@ -348,7 +348,7 @@ func TestCheckIntegrity(t *testing.T) {
 			exec(t, `INSERT INTO outbox_set_aside (outbox, message_id, payload, reason) VALUES ('orders', $1, '\x00', 'not an envelope')`, id)
 		}
 
-		in, err := checkIntegrity(ctx, db.DB, db.DB, "v", tr, 0)
+		in, err := checkIntegrity(ctx, db.DB, db.DB, "v", tr, 0, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -391,7 +391,7 @@ func TestCheckIntegrity(t *testing.T) {
 			mark(t, id, settleHandlerName)
 			tr.handle(id, now)
 		}
-		in, err := checkIntegrity(ctx, db.DB, nil, "v", tr, time.Minute)
+		in, err := checkIntegrity(ctx, db.DB, nil, "v", tr, time.Minute, true)
 		if err != nil {
 			t.Fatal(err)
 		}
