@@ -224,10 +224,13 @@ func (r *restoreRig) receive(want []event) []event {
 	for len(missing) > 0 {
 		select {
 		case m := <-r.got:
-			v, _ := strconv.Atoi(fmt.Sprint(m.Headers[outbox.MetaAggregateVersion]))
-			id, _ := m.Headers["_watermill_message_uuid"].(string)
-			got = append(got, event{id: id, aggregate: fmt.Sprint(m.Headers[outbox.MetaAggregateID]), version: v})
-			delete(missing, id)
+			msg, err := rabbitmq.Marshaler{}.Unmarshal(m)
+			if err != nil {
+				r.t.Fatalf("unmarshal delivery: %v", err)
+			}
+			v, _ := strconv.Atoi(msg.Metadata.Get(outbox.MetaAggregateVersion))
+			got = append(got, event{id: msg.UUID, aggregate: msg.Metadata.Get(outbox.MetaAggregateID), version: v})
+			delete(missing, msg.UUID)
 		case <-deadline:
 			r.t.Fatalf("%d events not delivered within a minute (got %d)", len(missing), len(got))
 		}
@@ -240,7 +243,7 @@ func (r *restoreRig) nothingQueued(when string) {
 	r.t.Helper()
 	select {
 	case m := <-r.got:
-		r.t.Fatalf("%s: delivery of %v", when, m.Headers[outbox.MetaAggregateID])
+		r.t.Fatalf("%s: delivery of %s", when, m.Body)
 	default:
 	}
 }

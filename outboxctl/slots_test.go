@@ -17,6 +17,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/internal/cli/clitest"
@@ -99,7 +100,7 @@ func writeUntilRecorded(t *testing.T, rig *restoreRig, db *sqlx.DB) cdcRecord {
 		for delivered := true; delivered && waiting != ""; {
 			select {
 			case m := <-rig.got:
-				if id, _ := m.Headers["_watermill_message_uuid"].(string); id == waiting {
+				if rabbitmq.MessageID(m.Headers, m.MessageId) == waiting {
 					waiting = ""
 				}
 			default:

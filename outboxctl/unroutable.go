@@ -8,7 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
@@ -67,19 +67,16 @@ type UnroutableReplayJSON struct {
 
 // summarise describes a delivery of the unroutable queue.
 func summarise(d amqp.Delivery, b *broker) UnroutableMessage {
-	header := func(k string) string {
-		if v, ok := d.Headers[k]; ok {
-			return fmt.Sprint(v)
-		}
-		return ""
+	// The marshaler reads both message formats: the metadata in headers, or
+	// derived from an event's body.
+	meta := message.Metadata{}
+	if msg, err := (rabbitmq.Marshaler{}).Unmarshal(d); err == nil {
+		meta = msg.Metadata
 	}
 	m := UnroutableMessage{
-		RoutingKey: d.RoutingKey, Exchange: d.Exchange, MessageID: header(wmamqp.DefaultMessageUUIDHeaderKey),
-		EventType: header(outbox.MetaEventType), AggregateID: header(outbox.MetaAggregateID),
-		OccurredAt: header(outbox.MetaOccurredAt), Bytes: len(d.Body), Redelivered: d.Redelivered,
-	}
-	if m.MessageID == "" {
-		m.MessageID = d.MessageId
+		RoutingKey: d.RoutingKey, Exchange: d.Exchange, MessageID: rabbitmq.MessageID(d.Headers, d.MessageId),
+		EventType: meta.Get(outbox.MetaEventType), AggregateID: meta.Get(outbox.MetaAggregateID),
+		OccurredAt: meta.Get(outbox.MetaOccurredAt), Bytes: len(d.Body), Redelivered: d.Redelivered,
 	}
 	if m.EventType == "" {
 		if i := strings.LastIndexByte(d.RoutingKey, '.'); i > 0 {

@@ -984,7 +984,7 @@ func TestOutboxctl_Unroutable(t *testing.T) {
 		if err != nil || !ok {
 			t.Fatalf("get from %s: %v, %v", late, ok, err)
 		}
-		if d.RoutingKey != paidKey || d.Headers["_watermill_message_uuid"] != paidID || !bytes.Equal(d.Body, body) || d.DeliveryMode != amqp.Persistent {
+		if d.RoutingKey != paidKey || rabbitmq.MessageID(d.Headers, d.MessageId) != paidID || !bytes.Equal(d.Body, body) || d.DeliveryMode != amqp.Persistent {
 			t.Fatalf("replayed message: key %s, headers %v, body %s", d.RoutingKey, d.Headers, d.Body)
 		}
 		if _, ok, err := ch.Get(late, true); err != nil || ok {
@@ -992,7 +992,7 @@ func TestOutboxctl_Unroutable(t *testing.T) {
 		}
 		// The event without a queue went back, once.
 		d, ok, err = ch.Get(names.Unroutable(), false)
-		if err != nil || !ok || d.RoutingKey != "Nobody.3" || d.Headers["_watermill_message_uuid"] != strayID {
+		if err != nil || !ok || d.RoutingKey != "Nobody.3" || rabbitmq.MessageID(d.Headers, d.MessageId) != strayID {
 			t.Fatalf("unroutable queue after replay: %+v, %v, %v", d, ok, err)
 		}
 		if err := d.Nack(false, true); err != nil {

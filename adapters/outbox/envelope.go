@@ -91,6 +91,55 @@ func Encode(ev domain.Event) (*message.Message, error) {
 	return msg, nil
 }
 
+// EventContentType is the content type of an event message whose derived
+// metadata (DerivedMetadata) travels in its body alone: the AMQP marshaler
+// sends such a message without those headers, and a consumer reads them
+// back from the body.
+const EventContentType = "application/vnd.outboxmill.event+json"
+
+// derivedKeys are the metadata keys Encode sets from the event, in the
+// order DerivedMetadata returns them.
+var derivedKeys = [...]string{MetaEventType, MetaAggregateType, MetaAggregateID, MetaAggregateVersion, MetaOccurredAt}
+
+// IsDerived reports whether key is one of the metadata keys Encode sets
+// from the event itself, which DerivedMetadata reads back from the body.
+func IsDerived(key string) bool {
+	for _, k := range derivedKeys {
+		if k == key {
+			return true
+		}
+	}
+	return false
+}
+
+// DerivedMetadata returns the metadata Encode sets on the message of an
+// event, read from the message's body: its event type, aggregate type, id
+// and version, and occurrence time, as Encode writes them. ok is false when
+// body is not an event envelope with those fields. It reads only those
+// fields: a body it accepts may still be refused by Decode.
+func DerivedMetadata(body []byte) (meta [len(derivedKeys)][2]string, ok bool) {
+	var env struct {
+		EventType        *string     `json:"event_type"`
+		AggregateType    *string     `json:"aggregate_type"`
+		AggregateID      *string     `json:"aggregate_id"`
+		AggregateVersion json.Number `json:"aggregate_version"`
+		OccurredAt       *string     `json:"occurred_at"`
+	}
+	if json.Unmarshal(body, &env) != nil || env.EventType == nil || env.AggregateType == nil ||
+		env.AggregateID == nil || env.OccurredAt == nil || env.AggregateVersion == "" {
+		return meta, false
+	}
+	version, err := strconv.Atoi(env.AggregateVersion.String())
+	if err != nil {
+		return meta, false
+	}
+	values := [...]string{*env.EventType, *env.AggregateType, *env.AggregateID, strconv.Itoa(version), *env.OccurredAt}
+	for i, k := range derivedKeys {
+		meta[i] = [2]string{k, values[i]}
+	}
+	return meta, true
+}
+
 // Decode parses an event message. Any message that is not a complete event,
 // or whose body and UUID disagree, gives an error wrapping ErrMalformedEvent.
 func Decode(msg *message.Message) (Envelope, error) {

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -308,8 +307,7 @@ func (l *lane) collect(ctx context.Context, deliveries <-chan amqp.Delivery, lin
 // took d.
 func markReceived(d amqp.Delivery) {
 	if trace.On() {
-		id, _ := d.Headers[wmamqp.DefaultMessageUUIDHeaderKey].(string)
-		trace.Mark(trace.Received, id)
+		trace.Mark(trace.Received, MessageID(d.Headers, d.MessageId))
 	}
 }
 

@@ -10,30 +10,53 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/middleware"
 )
 
 var _ wmamqp.Marshaler = Marshaler{}
 
-// Marshaler is a Watermill AMQP marshaler that publishes persistent messages
-// and never fails to unmarshal. Watermill's DefaultMarshaler refuses headers
-// that are not strings, such as the x-death table a dead-letter route adds or
-// the x-delivery-count number of quorum queues; the refused message is nacked
-// and redelivered forever. Marshaler instead turns such a header into text:
-// numbers and booleans with fmt, times as RFC 3339, tables and arrays as
-// JSON. Header keys, string values and byte arrays are kept byte for byte,
-// NUL bytes and invalid UTF-8 included: text a database cannot hold is the
-// set-aside store's concern (postgres.SetAsideStore keeps such bytes). A
-// message without a string UUID header gets an empty UUID and is left for
-// the handler's middleware to set aside; a UUID header of another type is
-// kept in the metadata as text, so that it can be inspected.
+// Marshaler is a Watermill AMQP marshaler that publishes persistent messages,
+// lean where it can, and never fails to unmarshal.
+//
+// A message goes out with its UUID as the AMQP message-id property and its
+// metadata as headers, but for the metadata an event's body already holds:
+// when the body is an event envelope (outbox.DerivedMetadata) and the
+// message's event type, aggregate type, id and version and occurrence time
+// are the body's, those five are left out and the content type says so
+// (outbox.EventContentType). An event the relay publishes then has no
+// header at all unless it carries a trace context, which costs the broker
+// markedly less to take, store and deliver than a header table (see
+// docs/bench.md). Unmarshal puts them back, so a consumer sees the message
+// as it was.
+//
+// Unmarshal also reads messages of the earlier format, with the UUID in
+// the _watermill_message_uuid header (Watermill's DefaultMarshaler) and
+// every metadata key in headers: messages already in queues when a relay is
+// upgraded are decoded as before.
+//
+// Watermill's DefaultMarshaler refuses headers that are not strings, such as
+// the x-death table a dead-letter route adds or the x-delivery-count number
+// of quorum queues; the refused message is nacked and redelivered forever.
+// Marshaler instead turns such a header into text: numbers and booleans with
+// fmt, times as RFC 3339, tables and arrays as JSON. Header keys, string
+// values and byte arrays are kept byte for byte, NUL bytes and invalid UTF-8
+// included: text a database cannot hold is the set-aside store's concern
+// (postgres.SetAsideStore keeps such bytes). A message with neither a string
+// UUID header nor a message-id gets an empty UUID and is left for the
+// handler's middleware to set aside; a UUID header of another type is kept
+// in the metadata as text, so that it can be inspected.
 type Marshaler struct{}
 
 // ErrReservedMetadata is returned by Marshal for a message whose metadata
-// has the key of the UUID header (wmamqp.DefaultMessageUUIDHeaderKey): the
-// header carries the message's UUID, so the entry would be overwritten or
+// has the key of the UUID header (wmamqp.DefaultMessageUUIDHeaderKey):
+// Unmarshal reads the message's UUID from that header, so the entry would be
 // lost on the way.
 var ErrReservedMetadata = errors.New("metadata key reserved for the message UUID header")
+
+// maxMessageID is the longest message-id property, an AMQP short string. A
+// longer UUID goes in the UUID header instead.
+const maxMessageID = 255
 
 // Marshal implements wmamqp.Marshaler. It refuses, with an error wrapping
 // ErrReservedMetadata, a message whose metadata has the UUID header's key,
@@ -43,7 +66,64 @@ func (Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	if _, ok := msg.Metadata[wmamqp.DefaultMessageUUIDHeaderKey]; ok {
 		return amqp.Publishing{}, fmt.Errorf("message %s: %w (%s)", middleware.SafeMessageID(msg.UUID), ErrReservedMetadata, wmamqp.DefaultMessageUUIDHeaderKey)
 	}
-	return wmamqp.DefaultMarshaler{}.Marshal(msg)
+	pub := amqp.Publishing{DeliveryMode: amqp.Persistent, Body: msg.Payload}
+	lean := derivedFromBody(msg)
+	if lean {
+		pub.ContentType = outbox.EventContentType
+	}
+	n := len(msg.Metadata)
+	if lean {
+		n -= outboxDerivedCount
+	}
+	if n > 0 || len(msg.UUID) > maxMessageID {
+		pub.Headers = make(amqp.Table, n+1)
+		for k, v := range msg.Metadata {
+			if !lean || !outbox.IsDerived(k) {
+				pub.Headers[k] = v
+			}
+		}
+	}
+	if len(msg.UUID) > maxMessageID {
+		pub.Headers[wmamqp.DefaultMessageUUIDHeaderKey] = msg.UUID
+	} else {
+		pub.MessageId = msg.UUID
+	}
+	return pub, nil
+}
+
+// outboxDerivedCount is how many metadata keys outbox.DerivedMetadata reads.
+var outboxDerivedCount = func() int {
+	meta, _ := outbox.DerivedMetadata(nil)
+	return len(meta)
+}()
+
+// derivedFromBody reports whether msg's body is an event envelope and its
+// metadata holds each key the body implies, with the body's value.
+func derivedFromBody(msg *message.Message) bool {
+	if len(msg.Metadata) < outboxDerivedCount {
+		return false
+	}
+	meta, ok := outbox.DerivedMetadata(msg.Payload)
+	if !ok {
+		return false
+	}
+	for _, kv := range meta {
+		if v, ok := msg.Metadata[kv[0]]; !ok || v != kv[1] {
+			return false
+		}
+	}
+	return true
+}
+
+// MessageID returns the UUID of a message as Marshal sent it: the UUID
+// header when it is text (and so in the earlier format), else the message-id
+// property. headers and messageID are those of an amqp.Delivery or
+// amqp.Return.
+func MessageID(headers amqp.Table, messageID string) string {
+	if id, ok := headers[wmamqp.DefaultMessageUUIDHeaderKey].(string); ok {
+		return id
+	}
+	return messageID
 }
 
 // errNoDelivery is returned for the zero delivery a consumer reads from a
@@ -58,14 +138,23 @@ func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	if d.Acknowledger == nil {
 		return nil, errNoDelivery
 	}
-	uuid, isText := d.Headers[wmamqp.DefaultMessageUUIDHeaderKey].(string)
-	msg := message.NewMessage(uuid, d.Body)
-	msg.Metadata = make(message.Metadata, len(d.Headers))
+	_, isText := d.Headers[wmamqp.DefaultMessageUUIDHeaderKey].(string)
+	msg := message.NewMessage(MessageID(d.Headers, d.MessageId), d.Body)
+	msg.Metadata = make(message.Metadata, len(d.Headers)+outboxDerivedCount)
 	for key, value := range d.Headers {
 		if key == wmamqp.DefaultMessageUUIDHeaderKey && isText {
 			continue
 		}
 		msg.Metadata[key] = headerText(value)
+	}
+	if d.ContentType == outbox.EventContentType {
+		if meta, ok := outbox.DerivedMetadata(d.Body); ok {
+			for _, kv := range meta {
+				if _, set := msg.Metadata[kv[0]]; !set {
+					msg.Metadata[kv[0]] = kv[1]
+				}
+			}
+		}
 	}
 	return msg, nil
 }

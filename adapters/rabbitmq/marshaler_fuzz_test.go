@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/internal/stack"
 )
@@ -99,6 +100,29 @@ func FuzzMarshaler_Unmarshal(f *testing.F) {
 				}
 			}
 		}
+
+		// The same delivery as an event whose metadata is in its body, with
+		// a message-id: the UUID header still wins when it is text, and
+		// the metadata the body implies fills only what headers left out.
+		lean, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{Acknowledger: noAck{}, Headers: headers, Body: body,
+			MessageId: "mid", ContentType: outbox.EventContentType})
+		if err != nil {
+			t.Fatalf("Unmarshal refused a delivery: %v", err)
+		}
+		if wantID := map[bool]string{true: id, false: "mid"}[isText]; lean.UUID != wantID {
+			t.Fatalf("UUID %q, want %q", lean.UUID, wantID)
+		}
+		derived, ok := outbox.DerivedMetadata(body)
+		for key, value := range msg.Metadata {
+			if lean.Metadata[key] != value {
+				t.Fatalf("header %q: %q became %q as an event", key, value, lean.Metadata[key])
+			}
+		}
+		for _, kv := range derived {
+			if _, inHeaders := msg.Metadata[kv[0]]; ok && !inHeaders && lean.Metadata[kv[0]] != kv[1] {
+				t.Fatalf("derived %q: %q, want the body's %q", kv[0], lean.Metadata[kv[0]], kv[1])
+			}
+		}
 	})
 }
 
@@ -112,6 +136,11 @@ func FuzzMarshaler_RoundTrip(f *testing.F) {
 	f.Add("id\x00\xff", "k\x00\xff\x00v\x00", []byte{0, 0xff})
 	f.Add("u", uuidHeader+"\x00another", []byte("x"))
 	f.Add("u", "x-death\x00[]\x00\x00empty key", []byte("x"))
+	// An event whose metadata is all in its body, and one whose metadata
+	// differs from it.
+	event := []byte(`{"event_id":"e","event_type":"T","aggregate_type":"A","aggregate_id":"a","aggregate_version":3,"occurred_at":"2026-01-01T00:00:00Z","payload":{}}`)
+	f.Add("e", "event_type\x00T\x00aggregate_type\x00A\x00aggregate_id\x00a\x00aggregate_version\x003\x00occurred_at\x002026-01-01T00:00:00Z", event)
+	f.Add("e", "event_type\x00T\x00aggregate_type\x00A\x00aggregate_id\x00a\x00aggregate_version\x0003\x00occurred_at\x002026-01-01T00:00:00Z", event)
 	f.Fuzz(func(t *testing.T, uuid, pairs string, payload []byte) {
 		msg := message.NewMessage(uuid, payload)
 		fields := strings.Split(pairs, "\x00")
@@ -135,7 +164,7 @@ func FuzzMarshaler_RoundTrip(f *testing.F) {
 		if err := pub.Headers.Validate(); err != nil {
 			t.Fatalf("headers amqp091 cannot send: %v", err)
 		}
-		back, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{Acknowledger: noAck{}, Headers: pub.Headers, Body: pub.Body})
+		back, err := rabbitmq.Marshaler{}.Unmarshal(delivery(pub))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -393,7 +422,7 @@ func TestWireTable_ReadsWhatItWrites(t *testing.T) {
 // consumed with a UUID header that is not text keeps that header, as text,
 // in its metadata; Marshal refuses such metadata (FuzzMarshaler_RoundTrip),
 // and a replay drops it, so that the message goes out as before, with its
-// UUID (empty) in that header and its other headers.
+// UUID (empty) as its message-id and its other headers.
 func TestQueuePublisher_ReplaysAMessageWhoseUUIDHeaderWasNotText(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -423,7 +452,7 @@ func TestQueuePublisher_ReplaysAMessageWhoseUUIDHeaderWasNotText(t *testing.T) {
 	if err := d.Ack(false); err != nil {
 		t.Fatal(err)
 	}
-	if d.Headers[uuidHeader] != "" || d.Headers["event_type"] != "OrderPaid" || len(d.Headers) != 2 || string(d.Body) != "x" {
-		t.Fatalf("replayed as %v %q, want an empty UUID header, event_type and the body", d.Headers, d.Body)
+	if d.MessageId != "" || d.Headers["event_type"] != "OrderPaid" || len(d.Headers) != 1 || string(d.Body) != "x" {
+		t.Fatalf("replayed as %q %v %q, want an empty message-id, event_type and the body", d.MessageId, d.Headers, d.Body)
 	}
 }

@@ -2,6 +2,7 @@ package rabbitmq_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,36 +10,151 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/internal/stack"
 )
 
 const uuidHeader = wmamqp.DefaultMessageUUIDHeaderKey
 
-func TestMarshaler_Marshal(t *testing.T) {
-	t.Parallel()
-	msg := message.NewMessage("6f1c2a9e-0000-4000-8000-000000000001", []byte(`{"a":1}`))
-	msg.Metadata.Set("event_type", "OrderPaid")
-	p, err := rabbitmq.Marshaler{}.Marshal(msg)
+// delivery is what the broker delivers of p.
+func delivery(p amqp.Publishing) amqp.Delivery {
+	return amqp.Delivery{Acknowledger: noAck{}, Headers: p.Headers, Body: p.Body, MessageId: p.MessageId, ContentType: p.ContentType}
+}
+
+// newEvent returns the message outbox.Encode makes of an OrderPaid event.
+func newEvent(t *testing.T) *message.Message {
+	t.Helper()
+	msg, err := outbox.Encode(domain.Event{
+		ID: "6f1c2a9e-0000-4000-8000-000000000002", Type: "OrderPaid", SchemaVersion: 1,
+		AggregateType: "Order", AggregateID: "o-1", AggregateVersion: 2,
+		OccurredAt: time.Date(2026, 12, 6, 10, 0, 0, 123456789, time.UTC), Payload: map[string]any{"amount": 1250},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.DeliveryMode != amqp.Persistent {
-		t.Errorf("delivery mode %d, want persistent (%d)", p.DeliveryMode, amqp.Persistent)
-	}
-	if p.Headers[uuidHeader] != msg.UUID {
-		t.Errorf("UUID header %v, want %s", p.Headers[uuidHeader], msg.UUID)
-	}
-	if p.Headers["event_type"] != "OrderPaid" || string(p.Body) != string(msg.Payload) {
-		t.Errorf("publishing %+v does not carry the metadata and payload", p)
-	}
+	return msg
+}
 
-	back, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{Acknowledger: noAck{}, Headers: p.Headers, Body: p.Body})
+func TestMarshaler_Marshal(t *testing.T) {
+	t.Parallel()
+	t.Run("any message: UUID as message-id, metadata as headers", func(t *testing.T) {
+		t.Parallel()
+		msg := message.NewMessage("6f1c2a9e-0000-4000-8000-000000000001", []byte(`{"a":1}`))
+		msg.Metadata.Set("event_type", "OrderPaid")
+		p, err := rabbitmq.Marshaler{}.Marshal(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.DeliveryMode != amqp.Persistent {
+			t.Errorf("delivery mode %d, want persistent (%d)", p.DeliveryMode, amqp.Persistent)
+		}
+		if p.MessageId != msg.UUID || p.Headers[uuidHeader] != nil || p.ContentType != "" {
+			t.Errorf("message-id %q, UUID header %v, content type %q: want the UUID as message-id alone", p.MessageId, p.Headers[uuidHeader], p.ContentType)
+		}
+		if p.Headers["event_type"] != "OrderPaid" || string(p.Body) != string(msg.Payload) {
+			t.Errorf("publishing %+v does not carry the metadata and payload", p)
+		}
+		back, err := rabbitmq.Marshaler{}.Unmarshal(delivery(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !back.Equals(msg) {
+			t.Errorf("round trip gave %v %v %s, want %v %v %s", back.UUID, back.Metadata, back.Payload, msg.UUID, msg.Metadata, msg.Payload)
+		}
+	})
+	t.Run("an event: no header, the metadata read back from its body", func(t *testing.T) {
+		t.Parallel()
+		msg := newEvent(t)
+		p, err := rabbitmq.Marshaler{}.Marshal(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Headers != nil || p.ContentType != outbox.EventContentType || p.MessageId != msg.UUID {
+			t.Errorf("headers %v, content type %q, message-id %q: want no header, %q and the UUID", p.Headers, p.ContentType, p.MessageId, outbox.EventContentType)
+		}
+		back, err := rabbitmq.Marshaler{}.Unmarshal(delivery(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !back.Equals(msg) || len(back.Metadata) != 5 {
+			t.Errorf("round trip gave %v %v, want %v %v", back.UUID, back.Metadata, msg.UUID, msg.Metadata)
+		}
+	})
+	t.Run("an event with a trace context keeps only that in headers", func(t *testing.T) {
+		t.Parallel()
+		msg := newEvent(t)
+		msg.Metadata.Set(outbox.MetaTraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+		p, err := rabbitmq.Marshaler{}.Marshal(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Headers) != 1 || p.Headers[outbox.MetaTraceParent] == nil || p.ContentType != outbox.EventContentType {
+			t.Errorf("headers %v, content type %q: want the traceparent alone", p.Headers, p.ContentType)
+		}
+		back, err := rabbitmq.Marshaler{}.Unmarshal(delivery(p))
+		if err != nil || !back.Equals(msg) {
+			t.Errorf("round trip gave %v, %v; want %v", back, err, msg)
+		}
+	})
+	t.Run("metadata that differs from the body stays in headers", func(t *testing.T) {
+		t.Parallel()
+		for _, key := range []string{outbox.MetaEventType, outbox.MetaAggregateType, outbox.MetaAggregateID, outbox.MetaAggregateVersion, outbox.MetaOccurredAt} {
+			msg := newEvent(t)
+			msg.Metadata.Set(key, "else")
+			p, err := rabbitmq.Marshaler{}.Marshal(msg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.ContentType != "" || len(p.Headers) != 5 {
+				t.Errorf("%s differs: headers %v, content type %q; want all five headers, no event content type", key, p.Headers, p.ContentType)
+			}
+			back, err := rabbitmq.Marshaler{}.Unmarshal(delivery(p))
+			if err != nil || !back.Equals(msg) {
+				t.Errorf("%s differs: round trip gave %v, %v; want %v", key, back, err, msg)
+			}
+			delete(msg.Metadata, key)
+			if p, _ := (rabbitmq.Marshaler{}).Marshal(msg); p.ContentType != "" || len(p.Headers) != 4 {
+				t.Errorf("%s missing: headers %v, content type %q; want the four others, no event content type", key, p.Headers, p.ContentType)
+			}
+		}
+	})
+	t.Run("a UUID too long for message-id goes in the UUID header", func(t *testing.T) {
+		t.Parallel()
+		msg := message.NewMessage(strings.Repeat("u", 256), []byte("x"))
+		p, err := rabbitmq.Marshaler{}.Marshal(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.MessageId != "" || p.Headers[uuidHeader] != msg.UUID {
+			t.Errorf("message-id %q, headers %v: want the UUID in its header", p.MessageId, p.Headers)
+		}
+		if back, _ := (rabbitmq.Marshaler{}).Unmarshal(delivery(p)); !back.Equals(msg) {
+			t.Errorf("round trip gave %v, want %v", back, msg)
+		}
+	})
+}
+
+// TestMarshaler_UnmarshalsTheEarlierFormat reads an event as the earlier
+// marshaler sent it (Watermill's DefaultMarshaler: the UUID and every
+// metadata key in headers), as messages already in queues are.
+func TestMarshaler_UnmarshalsTheEarlierFormat(t *testing.T) {
+	t.Parallel()
+	msg := newEvent(t)
+	earlier, err := wmamqp.DefaultMarshaler{}.Marshal(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := rabbitmq.Marshaler{}.Unmarshal(delivery(earlier))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !back.Equals(msg) {
-		t.Errorf("round trip gave %v %v %s, want %v %v %s", back.UUID, back.Metadata, back.Payload, msg.UUID, msg.Metadata, msg.Payload)
+		t.Errorf("earlier format read as %v %v, want %v %v", back.UUID, back.Metadata, msg.UUID, msg.Metadata)
+	}
+	if _, err := outbox.Decode(back); err != nil {
+		t.Errorf("earlier format: %v", err)
 	}
 }
 

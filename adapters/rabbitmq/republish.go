@@ -52,7 +52,7 @@ func NewQueuePublisher(ctx context.Context, url string) (*QueuePublisher, error)
 // headers starting with "x-", which the broker itself sets on redelivery
 // and dead-lettering, and the UUID header's key, which Unmarshal keeps in
 // the metadata of a message whose UUID header was not text (the message
-// goes out with its UUID, empty then, in that header).
+// goes out with its UUID, empty then, as its message-id).
 func (p *QueuePublisher) Publish(ctx context.Context, queue string, msg *message.Message) error {
 	if _, err := p.ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
 		// A failed passive declare closes the channel; this publisher is done.

@@ -65,7 +65,12 @@ func ExampleNew() {
 
 	d := exampleNextDelivery(url, ns+".tracking")
 	fmt.Println("routing key:", d.RoutingKey == outbox.RoutingKey("ParcelShipped", "parcel-1"))
-	fmt.Println("event type:", d.Headers[outbox.MetaEventType])
+	msg, err := rabbitmq.Marshaler{}.Unmarshal(d)
+	if err != nil {
+		fmt.Println("unmarshal:", err)
+		return
+	}
+	fmt.Println("event type:", msg.Metadata.Get(outbox.MetaEventType))
 	fmt.Println("persistent:", d.DeliveryMode == amqp.Persistent)
 	// Output:
 	// routing key: true
@@ -173,7 +178,12 @@ func ExampleNewCDC() {
 	go func() { done <- r.Run(runCtx) }()
 
 	d := exampleNextDelivery(url, ns+".tracking")
-	fmt.Println("event type:", d.Headers[outbox.MetaEventType])
+	msg, err := rabbitmq.Marshaler{}.Unmarshal(d)
+	if err != nil {
+		fmt.Println("unmarshal:", err)
+		return
+	}
+	fmt.Println("event type:", msg.Metadata.Get(outbox.MetaEventType))
 	slots, err := relay.Slots(ctx, db, box)
 	if err != nil {
 		fmt.Println(err)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxmill/outboxmill/domain/orders"
 
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/internal/tcpproxy"
@@ -66,8 +67,7 @@ func TestOutboxmill_ResumesAfterBrokerOutage(t *testing.T) {
 	for len(seen) < n {
 		select {
 		case m := <-d:
-			id, _ := m.Headers["_watermill_message_uuid"].(string)
-			seen[id] = true
+			seen[rabbitmq.MessageID(m.Headers, m.MessageId)] = true
 		case <-deadline:
 			t.Fatalf("%d of %d events delivered a minute after the broker came back", len(seen), n)
 		}

@@ -166,12 +166,16 @@ type delivery struct {
 	version   int
 }
 
-// parseDelivery reads an event delivery's id, aggregate and version.
+// parseDelivery reads an event delivery's id, aggregate and version, as
+// the consumers' marshaler does.
 func parseDelivery(t *testing.T, m amqp.Delivery) delivery {
 	t.Helper()
-	v, _ := strconv.Atoi(fmt.Sprint(m.Headers[outbox.MetaAggregateVersion]))
-	id, _ := m.Headers["_watermill_message_uuid"].(string)
-	return delivery{id: id, aggregate: fmt.Sprint(m.Headers[outbox.MetaAggregateID]), version: v}
+	msg, err := rabbitmq.Marshaler{}.Unmarshal(m)
+	if err != nil {
+		t.Fatalf("unmarshal delivery: %v", err)
+	}
+	v, _ := strconv.Atoi(msg.Metadata.Get(outbox.MetaAggregateVersion))
+	return delivery{id: msg.UUID, aggregate: msg.Metadata.Get(outbox.MetaAggregateID), version: v}
 }
 
 // receive collects n deliveries, failing after timeout.

@@ -94,7 +94,7 @@ func FuzzRow(f *testing.F) {
 		if len(pub.Body) > fuzzMaxSize {
 			t.Fatalf("published a body of %d bytes, more than %d", len(pub.Body), fuzzMaxSize)
 		}
-		got, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{Acknowledger: noAck{}, Headers: pub.Headers, Body: pub.Body})
+		got, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{Acknowledger: noAck{}, Headers: pub.Headers, Body: pub.Body, MessageId: pub.MessageId, ContentType: pub.ContentType})
 		if err != nil {
 			t.Fatalf("the consumer refuses what the relay published: %v", err)
 		}

@@ -12,6 +12,7 @@ import (
 
 	oteltrace "go.opentelemetry.io/otel/trace"
 
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/internal/trace"
 	"github.com/outboxmill/outboxmill/middleware"
 )
@@ -531,7 +532,7 @@ func (s *stream) drainReturns() {
 			if !ok {
 				return
 			}
-			id, _ := ret.Headers["_watermill_message_uuid"].(string)
+			id := rabbitmq.MessageID(ret.Headers, ret.MessageId)
 			s.returned[id] = fmt.Sprintf("%d %s (routing key %s)", ret.ReplyCode, ret.ReplyText, ret.RoutingKey)
 		default:
 			return

@@ -228,12 +228,12 @@ func (r *runner) drainOnce(ctx context.Context, v variant, template string) (dra
 
 // pipeline is a variant set up end to end: producers, relay, consumer.
 type pipeline struct {
-	v        variant
-	work     *workspace
-	relayDB  *sqlx.DB
-	names    module.Names
-	tr       *tracker
-	cons     *consumerRun
+	v       variant
+	work    *workspace
+	relayDB *sqlx.DB
+	names   module.Names
+	tr      *tracker
+	cons    *consumerRun
 	// floor is the consumer of the floor variant, in place of cons.
 	floor    *floorConsumer
 	relay    *runningRelay

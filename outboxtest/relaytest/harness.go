@@ -412,10 +412,14 @@ func (c *consumer) record(queue string, deliveries <-chan amqp.Delivery, ack boo
 	go func() {
 		defer c.wg.Done()
 		for m := range deliveries {
+			// The marshaler reads both message formats: the metadata in
+			// headers, or derived from an event's body.
 			var d delivery
-			d.id, _ = m.Headers["_watermill_message_uuid"].(string)
-			d.aggregate = fmt.Sprint(m.Headers[outbox.MetaAggregateID])
-			d.version, _ = strconv.Atoi(fmt.Sprint(m.Headers[outbox.MetaAggregateVersion]))
+			if msg, err := (rabbitmq.Marshaler{}).Unmarshal(m); err == nil {
+				d.id = msg.UUID
+				d.aggregate = msg.Metadata.Get(outbox.MetaAggregateID)
+				d.version, _ = strconv.Atoi(msg.Metadata.Get(outbox.MetaAggregateVersion))
+			}
 			c.mu.Lock()
 			c.byQueue[queue] = append(c.byQueue[queue], d)
 			c.counts[queue][d.id]++
