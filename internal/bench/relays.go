@@ -98,11 +98,14 @@ func variants(cfg Config) []variant {
 			key:   BaselineStock,
 			label: "Watermill stock",
 			description: "Watermill forwarder with library defaults: watermill-sql subscriber (1 s poll, batches of 100), " +
-				"watermill-amqp publisher without confirms and without channel pool (a channel per publish)",
+				"watermill-amqp publisher without confirms and without channel pool (a channel per publish), " +
+				"its default marshaler (the UUID and every metadata key as headers)",
 			build: func(db *sqlx.DB, exchange string, o buildOptions) (relay.Relay, error) {
 				pub := rabbitmq.PublisherConfig(cfg.AMQPURL, exchange)
 				pub.Publish.ConfirmDelivery = false
 				pub.Publish.ChannelPoolSize = 0
+				// The library's marshaler: every metadata key a header.
+				pub.Marshaler = wmamqp.DefaultMarshaler{}
 				return newWatermillForwarder(db, wmsql.SubscriberConfig{
 					SchemaAdapter:  outbox.Schema(),
 					OffsetsAdapter: outbox.OffsetsAdapter(),
