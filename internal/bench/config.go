@@ -23,10 +23,11 @@ const (
 	// found: confirms on, a channel pool, a short poll and big batches.
 	BaselineTuned = "tuned"
 	// BaselineFloor is the cost floor: the same workload without the
-	// outbox's own work. Producers commit the business row and publish as
-	// the naive dual write does (no outbox row, no relay), and the consumer
-	// books each event without a dedup marker or a version guard. Only its
-	// end-to-end throughput and cost are measured.
+	// outbox's own work. Producers commit the business row and publish the
+	// event without waiting for its confirm (confirms pipelined, as the
+	// relay's are; no outbox row, no relay), and the consumer books each
+	// event without a dedup marker or a version guard. Only its end-to-end
+	// throughput and cost are measured.
 	BaselineFloor = "floor"
 )
 

@@ -316,7 +316,11 @@ func (r *runner) setUp(ctx context.Context, v variant) (p *pipeline, err error) 
 			if err := ch.Confirm(false); err != nil {
 				return p, err
 			}
-			p.units = append(p.units, naiveUnit(repo, ch, p.names.Exchange(benchPublisher), p.tr))
+			if v.floor {
+				p.units = append(p.units, floorUnit(repo, ch, p.names.Exchange(benchPublisher), p.tr))
+			} else {
+				p.units = append(p.units, naiveUnit(repo, ch, p.names.Exchange(benchPublisher), p.tr))
+			}
 		}
 		return p, nil
 	}

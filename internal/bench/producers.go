@@ -58,22 +58,71 @@ func naiveUnit(repo *orderstore.Repository, ch *amqp.Channel, exchange string, t
 	}
 }
 
-// publishConfirmed publishes ev as the relay would (same marshaler and
-// routing key) and waits for the broker's confirm.
-func publishConfirmed(ctx context.Context, ch *amqp.Channel, exchange string, ev domain.Event) error {
+// floorUnit commits the order alone, then publishes its event on ch, a
+// channel in confirm mode, without waiting for the confirm: the cheapest
+// way to the broker, with confirms pipelined as the relay's are. A confirm
+// that comes back negative, or a failed publish, counts in tr.publishErrors
+// (the event shows up as lost). It is the floor's producer: what remains of
+// the work without the outbox.
+func floorUnit(repo *orderstore.Repository, ch *amqp.Channel, exchange string, tr *tracker) unitOfWork {
+	var pending []*amqp.DeferredConfirmation
+	return func(ctx context.Context) (string, time.Time, error) {
+		for len(pending) > 0 {
+			select {
+			case <-pending[0].Done():
+				if !pending[0].Acked() {
+					tr.publishErrors.Add(1)
+				}
+				pending = pending[1:]
+				continue
+			default:
+			}
+			break
+		}
+		order, ev, err := newPaidOrder(time.Now())
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		if err := repo.Add(ctx, order, nil, nil); err != nil {
+			return "", time.Time{}, err
+		}
+		committedAt := time.Now()
+		dc, err := publish(ctx, ch, exchange, ev)
+		if err != nil {
+			tr.publishErrors.Add(1)
+		} else {
+			pending = append(pending, dc)
+		}
+		return ev.ID, committedAt, nil
+	}
+}
+
+// publish publishes ev as the relay would (same marshaler and routing key)
+// and returns its deferred confirm.
+func publish(ctx context.Context, ch *amqp.Channel, exchange string, ev domain.Event) (*amqp.DeferredConfirmation, error) {
 	msg, err := outbox.Encode(ev)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	pub, err := rabbitmq.Marshaler{}.Marshal(msg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, outbox.RoutingKey(ev.Type, ev.AggregateID), false, false, pub)
 	if err != nil {
-		return fmt.Errorf("publish event %s: %w", ev.ID, err)
+		return nil, fmt.Errorf("publish event %s: %w", ev.ID, err)
 	}
 	trace.Mark(trace.Published, ev.ID)
+	return dc, nil
+}
+
+// publishConfirmed publishes ev as the relay would (same marshaler and
+// routing key) and waits for the broker's confirm.
+func publishConfirmed(ctx context.Context, ch *amqp.Channel, exchange string, ev domain.Event) error {
+	dc, err := publish(ctx, ch, exchange, ev)
+	if err != nil {
+		return err
+	}
 	ok, err := dc.WaitContext(ctx)
 	if err != nil {
 		return err

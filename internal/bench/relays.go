@@ -78,9 +78,9 @@ func variants(cfg Config) []variant {
 		vs = append(vs, variant{
 			key:   BaselineFloor,
 			label: "floor",
-			description: "the same workload without the outbox's own work: commit the order row, then publish the event with a confirm " +
-				"(no outbox row, no relay); the consumer books the ledger entries without a dedup marker or version guard. " +
-				"End-to-end throughput and cost only",
+			description: "the same workload without the outbox's own work: commit the order row, then publish the event, its confirm " +
+				"pipelined as the relay's are (no outbox row, no relay); the consumer books the ledger entries without a dedup marker " +
+				"or version guard. End-to-end throughput and cost only",
 			naive: true,
 			floor: true,
 		})
