@@ -26,7 +26,8 @@ const floorBatch = 32
 
 // floorConsumer is the consumer of the cost floor. It reads the lane queues
 // as the batch consumer does (a channel per lane, the same prefetch, up to
-// floorBatch waiting deliveries of a lane in one round trip) and books each
+// floorBatch deliveries of a lane arriving within the same linger in one
+// round trip) and books each
 // event's ledger entries with the same statement, but without any of the
 // framework's work: no dedup marker, no version guard, no set-aside. A
 // redelivered event would be booked twice, so it is a measuring stick, not
@@ -92,7 +93,10 @@ func (c *floorConsumer) lane(ctx context.Context, db *sqlx.DB, deliveries <-chan
 		if !open {
 			return nil
 		}
+		// As the batch consumer does: the deliveries that arrive within
+		// its linger after the first.
 		batch := []amqp.Delivery{first}
+		linger := time.NewTimer(rabbitmq.DefaultLinger)
 	collect:
 		for len(batch) < floorBatch {
 			select {
@@ -101,10 +105,11 @@ func (c *floorConsumer) lane(ctx context.Context, db *sqlx.DB, deliveries <-chan
 					break collect
 				}
 				batch = append(batch, d)
-			default:
+			case <-linger.C:
 				break collect
 			}
 		}
+		linger.Stop()
 		ids, postings := make([]string, len(batch)), make([]settlementstore.Posting, len(batch))
 		for i, d := range batch {
 			p, err := floorPosting(d)
