@@ -116,29 +116,28 @@ func TestRun(t *testing.T) {
 		}
 		// Every pipeline's cost: each process taking part spent CPU time
 		// on its events, the WAL grew and bytes crossed to the broker. A
-		// term missing or at zero means a process was not found or not
-		// sorted into its term. The server's own processes (walwriter,
-		// checkpointer) may not spend a whole tick in a window this short:
-		// their figure need only be there.
+		// term missing means a process was not found or not sorted into its
+		// term; the busiest ones cannot stay at zero over a second of
+		// hundreds of events, each costing them tens of µs. The others (a
+		// relay polling every 50 ms, the walwriter, the broker's disk
+		// writes) may not spend a whole 10 ms tick in a window this short:
+		// their figures need only be there.
 		for _, v := range []string{BaselineFloor, BaselineNaive, "relay/watermill", "relay/cdc"} {
-			if f, ok := report.find(GroupCost, costTermPrefix+termPGServer, v); !ok || len(f.Samples) != cfg.Reps {
-				t.Errorf("cost figure of the server processes of %s: %+v", v, f)
-			}
-			terms := []string{termPGProducers, termPGConsumer, termBroker, termProducers, termConsumer, termRuntime}
+			busy := []string{figCostCPU, figCostWAL, figCostWire, costTermPrefix + termPGProducers, costTermPrefix + termPGConsumer,
+				costTermPrefix + termBroker, costTermPrefix + termProducers, costTermPrefix + termConsumer}
+			present := []string{figCostDisk, costTermPrefix + termPGServer, costTermPrefix + termRuntime}
 			if strings.HasPrefix(v, "relay/") {
-				terms = append(terms, termPGRelay, termRelay)
+				present = append(present, costTermPrefix+termPGRelay, costTermPrefix+termRelay)
 			}
-			names := []string{figCostCPU, figCostWAL, figCostWire, figCostDisk}
-			for _, term := range terms {
-				names = append(names, costTermPrefix+term)
-			}
-			for _, name := range names {
+			for _, name := range append(busy, present...) {
 				f, ok := report.find(GroupCost, name, v)
 				switch {
 				case !ok:
 					t.Errorf("no cost figure %q for %s", name, v)
-				case len(f.Samples) != cfg.Reps || !(slices.Max(f.Samples) > 0):
-					t.Errorf("cost figure %q of %s: samples %v, want %d, not all zero", name, v, f.Samples, cfg.Reps)
+				case len(f.Samples) != cfg.Reps:
+					t.Errorf("cost figure %q of %s: samples %v, want %d", name, v, f.Samples, cfg.Reps)
+				case slices.Contains(busy, name) && !(slices.Max(f.Samples) > 0):
+					t.Errorf("cost figure %q of %s: samples %v, want them not all zero", name, v, f.Samples)
 				}
 			}
 			if _, ok := report.find(GroupCost, costTermPrefix+termBench, v); ok {
