@@ -1020,6 +1020,10 @@ func TestCDC_RecreatesADroppedSlot(t *testing.T) {
 	stream := f.streamEvents(8, 2*time.Millisecond)
 	waitFor(t, time.Minute, "events delivered before the drop", func() bool { return len(got.list()) >= 100 })
 	slot := f.activeSlot()
+	// A relay that recorded nothing in its slot yet takes a missing slot
+	// for one it never made; on a loaded machine 100 deliveries can come
+	// before its first mark.
+	waitFor(t, time.Minute, "the relay to record its place in the slot", func() bool { return f.recordedLSN() != 0 })
 
 	dropped := f.dropSlot(slot.name)
 	// Between the end of its session and the drop, the relay may have
