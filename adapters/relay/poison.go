@@ -383,7 +383,7 @@ func (s *stream) keepSetAside(ctx context.Context, m *entry, rec SetAsideRecord,
 		return fmt.Errorf("keep outbox row %d set aside: %w", rec.ID, err)
 	}
 	s.r.logger.Warn("set-aside outbox row still cannot be forwarded; it stays set aside", "id", rec.ID,
-		"event_id", rec.EventID, "reason", reason)
+		"event_id", deref(rec.EventID), "reason", reason)
 	s.blockBehind(m)
 	delete(s.markers, m.key)
 	return nil
@@ -415,7 +415,7 @@ func (r *Outboxmill) deleteReleased(ctx context.Context, ids []int64, discarded 
 		if err := recordDiscard(ctx, tx, rec); err != nil {
 			return err
 		}
-		r.logger.Warn("set-aside outbox row discarded", "id", rec.ID, "outbox", rec.Outbox, "event_id", rec.EventID,
+		r.logger.Warn("set-aside outbox row discarded", "id", rec.ID, "outbox", rec.Outbox, "event_id", deref(rec.EventID),
 			"reason", rec.Reason, "set_aside_at", rec.SetAsideAt)
 	}
 	if err := tx.Commit(); err != nil {

@@ -127,6 +127,10 @@ func TestOutboxmill_PoisonRowHoldsBackOnlyItsAggregate(t *testing.T) {
 		t.Fatalf("replay held row: %v, want ErrHeld", err)
 	}
 
+	if n := m.setAsideRows(); n != 4 {
+		t.Fatalf("set-aside metric %d, want 4: the poison row and the 3 held behind it", n)
+	}
+
 	// Discarded, it is recorded, and the held rows go out in order before
 	// an event committed now.
 	if _, err := relay.DiscardSetAside(ctx, f.db, recs[0].ID, quiet()); !errors.Is(err, relay.ErrReleaseRequested) {
@@ -147,8 +151,9 @@ func TestOutboxmill_PoisonRowHoldsBackOnlyItsAggregate(t *testing.T) {
 		p1.ID, testdb.Outbox.Topic); err != nil || discarded != 1 {
 		t.Fatalf("discard records of %s: %d (%v), want 1", p1.ID, discarded, err)
 	}
-	if n := m.setAsideRows(); n != 4 {
-		t.Fatalf("set-aside metric %d, want 4", n)
+	// Poisoned 5 is held too if the relay read it before the release ran.
+	if n := m.setAsideRows(); n != 4 && n != 5 {
+		t.Fatalf("set-aside metric %d after the discard, want 4, or 5 with poisoned 5 held until the release", n)
 	}
 }
 
