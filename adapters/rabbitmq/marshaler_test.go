@@ -74,6 +74,9 @@ func TestMarshaler_Marshal(t *testing.T) {
 		if p.Headers != nil || p.ContentType != outbox.EventContentType || p.MessageId != msg.UUID {
 			t.Errorf("headers %v, content type %q, message-id %q: want no header, %q and the UUID", p.Headers, p.ContentType, p.MessageId, outbox.EventContentType)
 		}
+		if n := propertyBlock(p); n > 64 {
+			t.Errorf("property block of %d bytes, want at most 64 (the broker takes a larger one markedly slower)", n)
+		}
 		back, err := rabbitmq.Marshaler{}.Unmarshal(delivery(p))
 		if err != nil {
 			t.Fatal(err)
@@ -349,4 +352,32 @@ func TestMarshaler_UnmarshalRefusesTheZeroDelivery(t *testing.T) {
 	if msg, err := (rabbitmq.Marshaler{}).Unmarshal(amqp.Delivery{}); err == nil {
 		t.Fatalf("zero delivery unmarshalled to %+v", msg)
 	}
+}
+
+// propertyBlock returns the size of p's AMQP basic property block as it goes
+// in the content header frame (AMQP 0-9-1, section 4.2.6.1): the 16-bit
+// property flags, then each property set, short strings as a length octet
+// and their bytes. It does not size headers; a publishing with headers
+// counts as larger than any lean one.
+func propertyBlock(p amqp.Publishing) int {
+	n := 2
+	for _, s := range []string{p.ContentType, p.ContentEncoding, p.CorrelationId, p.ReplyTo, p.Expiration,
+		p.MessageId, p.Type, p.UserId, p.AppId} {
+		if s != "" {
+			n += 1 + len(s)
+		}
+	}
+	if p.DeliveryMode != 0 {
+		n++
+	}
+	if p.Priority != 0 {
+		n++
+	}
+	if !p.Timestamp.IsZero() {
+		n += 8
+	}
+	if p.Headers != nil {
+		n += 1 << 16
+	}
+	return n
 }
