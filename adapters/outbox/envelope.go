@@ -97,11 +97,10 @@ func Encode(ev domain.Event) (*message.Message, error) {
 // back from the body.
 //
 // It is short on purpose: with a UUID as message-id it keeps the AMQP
-// property block of such a message within 64 bytes. RabbitMQ keeps a
-// block up to that size as a small binary of its own and a larger one as a
-// reference into the frame it came in; a block one byte over costs the
-// broker about a quarter of its rate for persistent messages (measured in
-// docs/bench.md, "The 64-byte property block").
+// property block of such a message within 64 bytes: a block one byte over
+// costs RabbitMQ about a quarter of its rate for persistent messages
+// (measured in docs/bench.md, "The 64-byte property block"; 64 bytes is the
+// Erlang VM's limit for a binary on a process's own heap).
 const EventContentType = "application/x-om-event"
 
 // derivedKeys are the metadata keys Encode sets from the event, in the
