@@ -37,8 +37,8 @@ func TestConfig_Validate_Limits(t *testing.T) {
 		{"stuck after", func(c *module.Config) { c.StuckAfter = 1000 * time.Hour }, "-stuck-after 1000h is outside 1s..720h"},
 		{"dedup window", func(c *module.Config) { c.Retention.DedupWindow = 30 * time.Second }, "-dedup-window 30s is outside 1m..87600h"},
 		{"retention interval", func(c *module.Config) { c.Retention.Interval = time.Millisecond }, "-retention-interval 1ms is outside 1s..720h"},
-		{"pool", func(c *module.Config) { c.MaxDBConns = 300000 }, "MaxDBConns 300000 is outside 1..262143"},
-		{"negative pool", func(c *module.Config) { c.MaxDBConns = -1 }, "MaxDBConns -1 must not be negative"},
+		{"pool", func(c *module.Config) { c.MaxDBConns = 300000 }, "-db-max-conns 300000 is outside 1..262143"},
+		{"negative pool", func(c *module.Config) { c.MaxDBConns = -1 }, "-db-max-conns -1 must not be negative"},
 		{"shutdown timeout", func(c *module.Config) { c.ShutdownTimeout = 2 * time.Hour }, "ShutdownTimeout 2h is outside 1ms..1h"},
 		{"retention batch", func(c *module.Config) { c.Retention.BatchSize = 1 << 20 }, "Retention.BatchSize 1048576 is outside 1..100000"},
 	} {
@@ -78,6 +78,9 @@ func TestMain_FlagLimits(t *testing.T) {
 		{"batch 0", []string{"-batch", "0"}, nil, 1, "-batch 0 is outside 1..65535"},
 		{"batch above the prefetch", []string{"-batch", "65", "-prefetch", "64"}, nil, 1, "batches of 65 cannot fill with a prefetch of 64"},
 		{"max retries 0", []string{"-max-retries", "0"}, nil, 1, "-max-retries 0 is outside 1..100"},
+		{"database pool 0", []string{"-db-max-conns", "0"}, nil, 1, "-db-max-conns 0 is outside 1..262143"},
+		{"database pool from the environment", nil, map[string]string{"DB_MAX_CONNS": "300000"}, 1, "-db-max-conns 300000 is outside 1..262143"},
+		{"malformed database pool in the environment", nil, map[string]string{"DB_MAX_CONNS": "many"}, 1, `DB_MAX_CONNS: want a whole number, got "many"`},
 		{"max retries 1000", []string{"-max-retries", "1000"}, nil, 1, "-max-retries 1000 is outside 1..100"},
 		{"poll interval 0", []string{"-relay-poll-interval", "0s"}, nil, 1, "-relay-poll-interval 0s is outside 1ms..10m"},
 		{"poll interval from the environment", nil, map[string]string{"RELAY_POLL_INTERVAL": "24h"}, 1, "-relay-poll-interval 24h is outside 1ms..10m"},
@@ -92,7 +95,7 @@ func TestMain_FlagLimits(t *testing.T) {
 		{"idempotency key window from the environment", nil, map[string]string{orders.WindowEnv: "1000h"}, 1, "IDEMPOTENCY_KEY_WINDOW: idempotency key window 1000h0m0s: want between"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, k := range []string{"RELAY_POLL_INTERVAL", "STUCK_AFTER", "RELAY_LEASE_TIMEOUT", "OUTBOX_RETENTION", "DEDUP_WINDOW", "RETENTION_INTERVAL",
+			for _, k := range []string{"RELAY_POLL_INTERVAL", "STUCK_AFTER", "RELAY_LEASE_TIMEOUT", "OUTBOX_RETENTION", "DEDUP_WINDOW", "RETENTION_INTERVAL", "DB_MAX_CONNS",
 				orders.WindowEnv, "MODULES", "OUTBOXMILL_NAMESPACE", "ACCOUNTS_DATABASE_URL", "ORDERS_DATABASE_URL"} {
 				t.Setenv(k, "")
 			}

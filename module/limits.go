@@ -23,6 +23,8 @@ const (
 	maxRetries = 100
 	// maxDBConns is PostgreSQL's largest max_connections.
 	maxDBConns = 1<<18 - 1
+	// defaultMaxDBConns is the size of each database pool by default.
+	defaultMaxDBConns = 16
 	// maxRetentionBatch bounds the rows one purge statement deletes, so
 	// that it holds its locks briefly.
 	maxRetentionBatch = 100_000
@@ -33,7 +35,7 @@ const (
 // A limit is the range a numeric setting must lie in.
 type limit struct {
 	// name is the setting's flag in Main, "-prefetch", or its field for a
-	// setting without one, "MaxDBConns".
+	// setting without one, "ShutdownTimeout".
 	name string
 	// flag reports whether name is a flag.
 	flag     bool
@@ -63,7 +65,7 @@ func (c Config) limits() []limit {
 		d("-outbox-retention", c.Retention.OutboxRetention, time.Minute, maxRetention, ""),
 		d("-dedup-window", c.Retention.DedupWindow, time.Minute, maxRetention, ""),
 		d("-retention-interval", c.Retention.Interval, time.Second, 30*24*time.Hour, ""),
-		field(n("MaxDBConns", c.MaxDBConns, 1, maxDBConns, "PostgreSQL's max_connections is at most 262143")),
+		n("-db-max-conns", c.MaxDBConns, 1, maxDBConns, "PostgreSQL's max_connections is at most 262143"),
 		field(d("ShutdownTimeout", c.ShutdownTimeout, time.Millisecond, time.Hour, "")),
 		field(n("Retention.BatchSize", c.Retention.BatchSize, 1, maxRetentionBatch, "")),
 	}

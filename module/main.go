@@ -77,6 +77,13 @@ func Main(c Command, args []string, stderr io.Writer) int {
 		}
 		return d
 	}
+	envInt := func(key string, def int) int {
+		n, err := cli.EnvInt(key, def)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		return n
+	}
 	envBool := func(key string, def bool) bool {
 		b, err := cli.EnvBool(key, def)
 		if err != nil {
@@ -173,6 +180,8 @@ func Main(c Command, args []string, stderr io.Writer) int {
 	fs.IntVar(&cfg.MaxBatch, "batch", rabbitmq.DefaultMaxBatch, "batch consumer: messages of a lane handled in one transaction at most, 1..-prefetch")
 	fs.IntVar(&cfg.Prefetch, "prefetch", 64, "deliveries in flight to each lane's consumer, 1..65535 (the AMQP prefetch count)")
 	fs.IntVar(&cfg.Retry.MaxRetries, "max-retries", 4, "retries of a failing message before it is set aside, 1..100")
+	fs.IntVar(&cfg.MaxDBConns, "db-max-conns", envInt("DB_MAX_CONNS", defaultMaxDBConns),
+		fmt.Sprintf("connections each PostgreSQL pool opens at most, 1..%d; the relays' held sessions count in it (env DB_MAX_CONNS)", maxDBConns))
 	if err := cli.RetentionFlags(fs, &cfg.Retention); err != nil {
 		return cli.Fail(stderr, name, err)
 	}

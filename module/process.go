@@ -99,7 +99,8 @@ type Config struct {
 	Prefetch int
 	// Retry configures the handlers' retries before an event is set aside.
 	Retry middleware.Retry
-	// MaxDBConns bounds each database pool; default 16.
+	// MaxDBConns bounds each database pool (Main: -db-max-conns,
+	// DB_MAX_CONNS); default 16.
 	MaxDBConns int
 	// ShutdownTimeout bounds the drain of in-flight work on shutdown;
 	// default 20 s.
@@ -157,7 +158,7 @@ func (c *Config) setDefaults() {
 		c.Prefetch = 64
 	}
 	if c.MaxDBConns == 0 {
-		c.MaxDBConns = 16
+		c.MaxDBConns = defaultMaxDBConns
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 20 * time.Second
@@ -277,13 +278,13 @@ func (c Config) checkPools(set Set) error {
 	for url, n := range held {
 		if !shared[url] {
 			if c.MaxDBConns < n+1 {
-				errs = append(errs, fmt.Errorf("a pool of %d connections is too small for the relays of modules %s on their relay database URL: they hold %d, and at least 1 more is needed (MaxDBConns)",
+				errs = append(errs, fmt.Errorf("a pool of %d connections is too small for the relays of modules %s on their relay database URL: they hold %d, and at least 1 more is needed (MaxDBConns, -db-max-conns)",
 					c.MaxDBConns, strings.Join(modules[url], ", "), n))
 			}
 			continue
 		}
 		if c.MaxDBConns < n+2 {
-			errs = append(errs, fmt.Errorf("a pool of %d connections is too small for modules %s on one database: their relays hold %d, and at least 2 more are needed (MaxDBConns, or give the modules databases of their own)",
+			errs = append(errs, fmt.Errorf("a pool of %d connections is too small for modules %s on one database: their relays hold %d, and at least 2 more are needed (MaxDBConns, -db-max-conns, or give the modules databases of their own)",
 				c.MaxDBConns, strings.Join(modules[url], ", "), n))
 		}
 	}

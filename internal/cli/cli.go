@@ -63,6 +63,20 @@ func EnvBool(name string, def bool) (bool, error) {
 	return b, nil
 }
 
+// EnvInt is Env for a whole number; a malformed value is an error. Its
+// range is the caller's to check.
+func EnvInt(name string, def int) (int, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s: want a whole number, got %q", name, v)
+	}
+	return n, nil
+}
+
 // NewLogger returns a text logger writing to w at the named level (debug,
 // info, warn, error).
 func NewLogger(level string, w io.Writer) (*slog.Logger, error) {

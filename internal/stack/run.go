@@ -175,7 +175,9 @@ func (s *Stack) baseEnv(privilegedAMQP string) []string {
 	if s.Config.ServiceAMQPURL != "" {
 		amqpURL = s.Config.ServiceAMQPURL
 	}
-	env := []string{"OUTBOXMILL_NAMESPACE=" + s.Namespace, "HTTP_ADDR=127.0.0.1:0"}
+	// Pools of 8, not 16: test packages run stacks side by side on one
+	// server, whose max_connections (100 here) they share.
+	env := []string{"OUTBOXMILL_NAMESPACE=" + s.Namespace, "HTTP_ADDR=127.0.0.1:0", "DB_MAX_CONNS=8"}
 	if s.privileges != nil {
 		amqpURL = privilegedAMQP
 		env = append(env, "MIGRATE=false")
