@@ -77,6 +77,7 @@ func TestRun(t *testing.T) {
 			{GroupLimit, figPublishWindow + " 256", ""},
 			{GroupLimit, figPublishBacklog(300, 256), ""},
 			{GroupLimit, figPublishRaw(300, 256), ""},
+			{GroupLimit, figPublishBody(300, 256), ""},
 			{GroupLimit, figConsume, ""},
 			{GroupLimit, figSettleRouter, ""},
 			{GroupLimit, figSettleBatched, ""},

@@ -218,7 +218,7 @@ func (r *runner) finish() {
 				ref, ok := rep.find(GroupLimit, figPublishEach, "")
 				addRatio(f, "limit", "confirm each", ref, ok)
 			}
-			if f.Name == backlogName {
+			if f.Name == backlogName || f.Name == figPublishBody(r.cfg.Backlog, r.cfg.ConfirmWindow) {
 				ref, ok := rep.find(GroupLimit, rawName, "")
 				addRatio(f, "limit", "minimal message", ref, ok)
 			}
