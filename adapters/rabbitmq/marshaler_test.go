@@ -357,8 +357,8 @@ func TestMarshaler_UnmarshalRefusesTheZeroDelivery(t *testing.T) {
 // propertyBlock returns the size of p's AMQP basic property block as it goes
 // in the content header frame (AMQP 0-9-1, section 4.2.6.1): the 16-bit
 // property flags, then each property set, short strings as a length octet
-// and their bytes. It does not size headers; a publishing with headers
-// counts as larger than any lean one.
+// and their bytes. It sizes publishings without headers, as lean events
+// are.
 func propertyBlock(p amqp.Publishing) int {
 	n := 2
 	for _, s := range []string{p.ContentType, p.ContentEncoding, p.CorrelationId, p.ReplyTo, p.Expiration,
@@ -375,9 +375,6 @@ func propertyBlock(p amqp.Publishing) int {
 	}
 	if !p.Timestamp.IsZero() {
 		n += 8
-	}
-	if p.Headers != nil {
-		n += 1 << 16
 	}
 	return n
 }

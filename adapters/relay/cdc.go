@@ -1071,9 +1071,40 @@ func (f *feed) closeConn() {
 	if f.conn == nil {
 		return
 	}
+	pid := f.conn.PID()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	_ = f.conn.Close(ctx)
+	f.awaitRelease(pid)
+}
+
+// slotReleaseWait bounds how long a closing feed waits for the server to
+// release its slot.
+const slotReleaseWait = 10 * time.Second
+
+// awaitRelease waits until the server has ended the walsender pid of the
+// closed replication connection, which keeps the slot active for a moment
+// after the connection closed: so that when the relay's Close returns,
+// DropSlot or another relay finds the slot free. It gives up after
+// slotReleaseWait or on an error of the relay's pool.
+func (f *feed) awaitRelease(pid uint32) {
+	ctx, cancel := context.WithTimeout(context.Background(), slotReleaseWait)
+	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var held bool
+		if err := f.r.db.GetContext(ctx, &held, `
+			SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $2)`,
+			f.slot, int64(pid)); err != nil || !held {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // SlotStatus is the replication slot of a cdc relay's outbox and consumer
@@ -1172,7 +1203,9 @@ var ErrSlotActive = errors.New("replication slot in use by a running cdc relay")
 // it: for a relay retired or switched to a polling kind for good. The
 // stored position stays: a cdc relay started later creates a new slot and
 // reads the outbox from it. It refuses a slot in use (ErrSlotActive) and
-// reports whether there was a slot.
+// reports whether there was a slot. Once a cdc relay's Close has returned,
+// its slot is no longer in use: Close waits (up to 10 s) for the server to
+// end the relay's replication session.
 func DropSlot(ctx context.Context, db *sqlx.DB, box outbox.Config, group string) (bool, error) {
 	slots, err := Slots(ctx, db, box)
 	if err != nil {

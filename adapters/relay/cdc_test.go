@@ -1268,3 +1268,23 @@ func (f *fixture) passedSample() uint64 {
 	waitFor(f.t, time.Minute, "the cdc relay's record past its own sample", func() bool { return f.recordedLSN() >= own })
 	return parseXID(f.t, xmin)
 }
+
+// When a cdc relay's Close has returned (and its Run with it), the server
+// has released its slot: DropSlot, or another relay taking the slot over,
+// finds it free at once rather than in use by a session on its way out.
+func TestCDC_CloseReleasesTheSlot(t *testing.T) {
+	t.Parallel()
+	f := newCDCFixture(t)
+	for i := range 3 {
+		stop := f.runKind(relay.KindCDC, f.cdcConfig())
+		f.activeSlot()
+		stop()
+		if s, ok := f.slot(); !ok || s.activePID != 0 {
+			t.Fatalf("run %d: after Close the slot is %+v (found: %v), want it there and released", i, s, ok)
+		}
+	}
+	dropped, err := relay.DropSlot(context.Background(), f.db, testdb.Outbox, relay.DefaultConsumerGroup)
+	if err != nil || !dropped {
+		t.Fatalf("DropSlot after Close: %v, %v; want the slot dropped", dropped, err)
+	}
+}

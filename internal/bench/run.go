@@ -202,6 +202,7 @@ func (r *runner) finish() {
 	windowName := fmt.Sprintf("%s %d", figPublishWindow, r.cfg.ConfirmWindow)
 	backlogName := figPublishBacklog(r.cfg.Backlog, r.cfg.ConfirmWindow)
 	rawName := figPublishRaw(r.cfg.Backlog, r.cfg.ConfirmWindow)
+	bodyName := figPublishBody(r.cfg.Backlog, r.cfg.ConfirmWindow)
 	for i := range rep.Figures {
 		f := &rep.Figures[i]
 		switch f.Group {
@@ -218,7 +219,7 @@ func (r *runner) finish() {
 				ref, ok := rep.find(GroupLimit, figPublishEach, "")
 				addRatio(f, "limit", "confirm each", ref, ok)
 			}
-			if f.Name == backlogName || f.Name == figPublishBody(r.cfg.Backlog, r.cfg.ConfirmWindow) {
+			if f.Name == backlogName || f.Name == bodyName {
 				ref, ok := rep.find(GroupLimit, rawName, "")
 				addRatio(f, "limit", "minimal message", ref, ok)
 			}

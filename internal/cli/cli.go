@@ -37,44 +37,36 @@ func Env(name, def string) string {
 
 // EnvDuration is Env for a duration; a malformed value is an error.
 func EnvDuration(name string, def time.Duration) (time.Duration, error) {
-	v := os.Getenv(name)
-	if v == "" {
-		return def, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		// %q, not the parser's message, which leaves DEL unescaped.
-		return 0, fmt.Errorf("%s: want a duration such as 250ms or 1m30s, got %q", name, v)
-	}
-	return d, nil
+	return envParsed(name, def, time.ParseDuration, "a duration such as 250ms or 1m30s")
 }
 
 // EnvBool is Env for a boolean (true/false, 1/0); a malformed value is an
 // error.
 func EnvBool(name string, def bool) (bool, error) {
-	v := os.Getenv(name)
-	if v == "" {
-		return def, nil
-	}
-	b, err := strconv.ParseBool(v)
-	if err != nil {
-		return false, fmt.Errorf("%s: want true or false, got %q", name, v)
-	}
-	return b, nil
+	return envParsed(name, def, strconv.ParseBool, "true or false")
 }
 
 // EnvInt is Env for a whole number; a malformed value is an error. Its
 // range is the caller's to check.
 func EnvInt(name string, def int) (int, error) {
+	return envParsed(name, def, strconv.Atoi, "a whole number")
+}
+
+// envParsed returns the environment variable name parsed by parse, or def
+// when it is unset or empty. A malformed value's error says what was
+// wanted and quotes the value (%q, not the parser's message, which leaves
+// DEL unescaped).
+func envParsed[T any](name string, def T, parse func(string) (T, error), want string) (T, error) {
 	v := os.Getenv(name)
 	if v == "" {
 		return def, nil
 	}
-	n, err := strconv.Atoi(v)
+	x, err := parse(v)
 	if err != nil {
-		return 0, fmt.Errorf("%s: want a whole number, got %q", name, v)
+		var zero T
+		return zero, fmt.Errorf("%s: want %s, got %q", name, want, v)
 	}
-	return n, nil
+	return x, nil
 }
 
 // NewLogger returns a text logger writing to w at the named level (debug,
