@@ -1275,9 +1275,14 @@ func (f *fixture) passedSample() uint64 {
 func TestCDC_CloseReleasesTheSlot(t *testing.T) {
 	t.Parallel()
 	f := newCDCFixture(t)
+	d := f.bindQueue("#")
 	for i := range 3 {
 		stop := f.runKind(relay.KindCDC, f.cdcConfig())
-		f.activeSlot()
+		// An event through shows the relay streaming, past the creation
+		// of its slot (a slot being created is active too, and goes away
+		// if its session ends first).
+		f.commit("closing", i+1)
+		receive(t, d, 1, time.Minute)
 		stop()
 		if s, ok := f.slot(); !ok || s.activePID != 0 {
 			t.Fatalf("run %d: after Close the slot is %+v (found: %v), want it there and released", i, s, ok)
