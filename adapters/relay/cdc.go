@@ -249,8 +249,8 @@ func (r *Outboxmill) openFeed(ctx context.Context, l *lease, pos position) (_ *f
 			if err := r.endOtherWalsender(ctx, rec.slot, old); err != nil {
 				return nil, err
 			}
-			if err := pglogrepl.DropReplicationSlot(ctx, f.conn, rec.slot, pglogrepl.DropReplicationSlotOptions{Wait: true}); err != nil {
-				return nil, fmt.Errorf("cdc: drop replication slot %s: %w", rec.slot, err)
+			if err := dropEndedSlot(ctx, f.conn, rec.slot); err != nil {
+				return nil, err
 			}
 		}
 	case st.walStatus == "lost":
@@ -286,8 +286,8 @@ func (r *Outboxmill) recreateSlot(ctx context.Context, l *lease, f *feed, st slo
 		if err := r.endOtherWalsender(ctx, f.slot, st); err != nil {
 			return err
 		}
-		if err := pglogrepl.DropReplicationSlot(ctx, f.conn, f.slot, pglogrepl.DropReplicationSlotOptions{Wait: true}); err != nil {
-			return fmt.Errorf("cdc: drop replication slot %s: %w", f.slot, err)
+		if err := dropEndedSlot(ctx, f.conn, f.slot); err != nil {
+			return err
 		}
 	}
 	if m, ok := r.config.Metrics.(SlotMetrics); ok && (st.exists || recorded) {
@@ -488,6 +488,22 @@ func (r *Outboxmill) endOtherWalsender(ctx context.Context, slot string, st slot
 			return ctx.Err()
 		}
 	}
+}
+
+// dropEndedSlot drops slot once endOtherWalsender has ended the session on
+// it. A slot that session was still creating (a relay killed while its
+// CREATE_REPLICATION_SLOT waited for running transactions) went with the
+// session: it is gone already, which is what the drop is for.
+func dropEndedSlot(ctx context.Context, conn *pgconn.PgConn, slot string) error {
+	err := pglogrepl.DropReplicationSlot(ctx, conn, slot, pglogrepl.DropReplicationSlotOptions{Wait: true})
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42704" { // undefined_object
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cdc: drop replication slot %s: %w", slot, err)
+	}
+	return nil
 }
 
 // fallBackWorthy reports whether err, from openFeed, means that no slot can
