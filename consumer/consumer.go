@@ -213,7 +213,15 @@ func New(h Handler, cfg Config) (*Consumer, error) {
 	for lane, queue := range cfg.Queues {
 		chain := c.chain(queue)
 		c.router.AddConsumerHandler(fmt.Sprintf("%s.%d", h.Name, lane), queue, c.subscriber,
-			func(msg *message.Message) error { return c.untilHandled(msg, chain) })
+			func(msg *message.Message) error {
+				// A pack's events are handled as if each had come alone.
+				for _, ev := range rabbitmq.UnpackMessage(msg) {
+					if err := c.untilHandled(ev, chain); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
 	}
 	return c, nil
 }
@@ -333,6 +341,9 @@ func (d decoded) ref() postgres.AggregateRef {
 // decode decodes msg into the payload type of its case. Every error is
 // Permanent: an event that does not decode never will.
 func (c *Consumer) decode(msg *message.Message) (decoded, error) {
+	if why := msg.Metadata.Get(rabbitmq.MetaPackError); why != "" {
+		return decoded{}, middleware.Permanent(errors.New(why))
+	}
 	env, err := outbox.Decode(msg)
 	if err != nil {
 		return decoded{}, middleware.Permanent(err)

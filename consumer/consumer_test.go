@@ -1657,3 +1657,52 @@ func TestConsumer_Decoding(t *testing.T) {
 		})
 	}
 }
+
+// TestConsumer_Packs: the events of a pack (several events in one message,
+// as the relay publishes a backlog) are handled as if each had come alone:
+// in order, each once, an event the handler cannot take set aside alone;
+// a pack that cannot be read is set aside as one message saying why.
+func TestConsumer_Packs(t *testing.T) {
+	kinds(t, func(t *testing.T, kind string) {
+		f := newFixture(t)
+		f.start(spec{kind: kind})
+		a, b := newAccountID(), newAccountID()
+		key := outbox.RoutingKey(evDeposited, a)
+		unknown := accountEvent(b, 2)
+		unknown.Type = "NotHandled"
+		first := []domain.Event{accountEvent(a, 1), accountEvent(b, 1), accountEvent(a, 2)}
+		second := []domain.Event{accountEvent(a, 3), unknown, accountEvent(b, 3)}
+		pack := func(evs []domain.Event) publication {
+			var p rabbitmq.Pack
+			for _, ev := range evs {
+				msg, err := outbox.Encode(ev)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p.AppendEvent(msg.UUID, msg.Payload)
+			}
+			return publication{key: key, Publishing: amqp.Publishing{
+				ContentType: rabbitmq.PackContentType, MessageId: evs[0].ID, Body: p.Body(), DeliveryMode: amqp.Persistent,
+			}}
+		}
+		badID := domain.NewEventID()
+		bad := pack(first[:1])
+		bad.MessageId, bad.Body = badID, bad.Body[:len(bad.Body)-1]
+		f.publishRaw(pack(first), bad, pack(second))
+
+		f.waitVersions(a, 1, 2, 3)
+		f.waitSetAside(unknown.ID)
+		requireContains(t, "reason", f.waitSetAside(badID).Reason, "malformed pack")
+		// b's version 2 was set aside: its version 3 is held behind the gap.
+		requireContains(t, "reason", f.waitSetAside(second[2].ID).Reason, "gap")
+		if got := f.versions(b); !slices.Equal(got, []int{1}) {
+			t.Errorf("versions of %s applied: %v, want [1]", b, got)
+		}
+		if n := len(f.setAside()); n != 3 {
+			t.Errorf("%d messages set aside, want 3: %+v", n, f.setAside())
+		}
+		if n := f.count(`SELECT count(*) FROM applied`); n != 4 {
+			t.Errorf("%d rows applied, want 4: each event of the packs once", n)
+		}
+	})
+}

@@ -21,6 +21,8 @@ const (
 	// place, holding its lane, and a message that failed a hundred times is
 	// better set aside.
 	maxRetries = 100
+	// maxPackEvents bounds -relay-pack-events.
+	maxPackEvents = 10000
 	// maxDBConns is PostgreSQL's largest max_connections.
 	maxDBConns = 1<<18 - 1
 	// defaultMaxDBConns is the size of each database pool by default.
@@ -61,6 +63,7 @@ func (c Config) limits() []limit {
 		n("-max-retries", c.Retry.MaxRetries, 1, maxRetries, "each retry holds its lane; set a message that keeps failing aside"),
 		d("-relay-poll-interval", c.RelayPollInterval, time.Millisecond, 10*time.Minute, ""),
 		d("-relay-lease-timeout", c.RelayLeaseTimeout, time.Second, 10*time.Minute, ""),
+		n("-relay-pack-events", c.RelayPackEvents, 1, maxPackEvents, "a pack's body is bounded to 64 KiB anyway"),
 		d("-stuck-after", c.StuckAfter, time.Second, 30*24*time.Hour, ""),
 		d("-outbox-retention", c.Retention.OutboxRetention, time.Minute, maxRetention, ""),
 		d("-dedup-window", c.Retention.DedupWindow, time.Minute, maxRetention, ""),

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	relayadapter "github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/consumer"
 	"github.com/outboxmill/outboxmill/handlers/httpapi"
 	"github.com/outboxmill/outboxmill/internal/cli"
@@ -172,6 +173,8 @@ func Main(c Command, args []string, stderr io.Writer) int {
 	}
 	fs.BoolVar(&relay, "relay", relay, "run the relay of each publishing module in this process (env RELAY=true|false)")
 	fs.StringVar(&cfg.RelayKind, "relay-kind", cli.Env("RELAY_KIND", "outboxmill"), "relay implementation: outboxmill (batched, pipelined polling), cdc (logical replication; needs wal_level=logical and REPLICATION) or watermill (Watermill's forwarder) (env RELAY_KIND)")
+	fs.IntVar(&cfg.RelayPackEvents, "relay-pack-events", envInt("RELAY_PACK_EVENTS", relayadapter.DefaultPackEvents),
+		fmt.Sprintf("most events one AMQP message of the relay carries, 1..%d; 1 publishes each alone, for consumers of a version before packs (env RELAY_PACK_EVENTS)", maxPackEvents))
 	fs.BoolVar(&notify, "relay-notify", notify, "wake relays in other instances with a PostgreSQL notification after each commit (env RELAY_NOTIFY=true|false)")
 	fs.DurationVar(&cfg.RelayPollInterval, "relay-poll-interval", pollDefault, "how often the relay polls an empty outbox, 1ms..10m (env RELAY_POLL_INTERVAL)")
 	fs.DurationVar(&cfg.RelayLeaseTimeout, "relay-lease-timeout", envDuration("RELAY_LEASE_TIMEOUT", 5*time.Second), "how long a frozen or partitioned active relay keeps the outbox before a standby takes over, 1s..10m (env RELAY_LEASE_TIMEOUT)")

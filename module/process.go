@@ -74,6 +74,12 @@ type Config struct {
 	// keeps its outbox stream before a standby takes over (see
 	// relay.Config.LeaseTimeout). Default 5 s.
 	RelayLeaseTimeout time.Duration
+	// RelayPackEvents is the most events one AMQP message of an Outboxmill
+	// or cdc relay carries (relay.Config.PackEvents; Main:
+	// -relay-pack-events, RELAY_PACK_EVENTS); 1 publishes every event
+	// alone, for consumers of a version before packs. Default
+	// relay.DefaultPackEvents.
+	RelayPackEvents int
 	// RelayNotify sends a PostgreSQL notification after each commit that
 	// wrote events, waking a relay running in another instance, and makes
 	// this process's relays listen for them; default true. A relay in the
@@ -538,6 +544,7 @@ func (p *Process) relay(db, relayDB *sqlx.DB, box outbox.Config, exchange string
 			Exchange:     exchange,
 			PollInterval: c.RelayPollInterval,
 			LeaseTimeout: c.RelayLeaseTimeout,
+			PackEvents:   c.RelayPackEvents,
 			RequireRoute: func(topic string) bool {
 				routed := routes(topic)
 				if !routed {

@@ -254,7 +254,7 @@ func printStatus(w io.Writer, st StatusJSON, stuckAfter time.Duration) {
 	case st.Unroutable == nil:
 		fmt.Fprintf(w, "UNROUTABLE %s: no such queue\n", st.UnroutableQueue)
 	case *st.Unroutable > 0:
-		fmt.Fprintf(w, "UNROUTABLE %s: %d events no queue was bound to (outboxctl unroutable list)\n", st.UnroutableQueue, *st.Unroutable)
+		fmt.Fprintf(w, "UNROUTABLE %s: %d messages no queue was bound to (outboxctl unroutable list)\n", st.UnroutableQueue, *st.Unroutable)
 	default:
 		fmt.Fprintf(w, "UNROUTABLE %s: empty\n", st.UnroutableQueue)
 	}

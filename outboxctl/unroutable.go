@@ -36,8 +36,12 @@ type UnroutableMessage struct {
 	EventType   string `json:"event_type"`
 	AggregateID string `json:"aggregate_id,omitempty"`
 	OccurredAt  string `json:"occurred_at,omitempty"`
-	Bytes       int    `json:"bytes"`
-	Redelivered bool   `json:"redelivered"`
+	// Events counts the events the message carries: more than one for a
+	// pack (rabbitmq.PackContentType), whose first event the fields above
+	// describe.
+	Events      int  `json:"events"`
+	Bytes       int  `json:"bytes"`
+	Redelivered bool `json:"redelivered"`
 	// RoutedBySet reports whether a queue of the set's topology is bound to
 	// the routing key now, so that a replay would reach it. A queue bound
 	// by another set is not known here.
@@ -69,14 +73,15 @@ type UnroutableReplayJSON struct {
 func summarise(d amqp.Delivery, b *broker) UnroutableMessage {
 	// The marshaler reads both message formats: the metadata in headers, or
 	// derived from an event's body.
-	meta := message.Metadata{}
-	if msg, err := (rabbitmq.Marshaler{}).Unmarshal(d); err == nil {
-		meta = msg.Metadata
+	// A pack is described by its first event.
+	meta, events := message.Metadata{}, 1
+	if msgs, err := rabbitmq.Unpack(d); err == nil {
+		meta, events = msgs[0].Metadata, len(msgs)
 	}
 	m := UnroutableMessage{
 		RoutingKey: d.RoutingKey, Exchange: d.Exchange, MessageID: rabbitmq.MessageID(d.Headers, d.MessageId),
 		EventType: meta.Get(outbox.MetaEventType), AggregateID: meta.Get(outbox.MetaAggregateID),
-		OccurredAt: meta.Get(outbox.MetaOccurredAt), Bytes: len(d.Body), Redelivered: d.Redelivered,
+		OccurredAt: meta.Get(outbox.MetaOccurredAt), Events: events, Bytes: len(d.Body), Redelivered: d.Redelivered,
 	}
 	if m.EventType == "" {
 		if i := strings.LastIndexByte(d.RoutingKey, '.'); i > 0 {
@@ -194,19 +199,19 @@ func unroutableList(ctx context.Context, c *cmdline, args []string) error {
 	if o.json {
 		return writeJSON(c.stdout, out)
 	}
-	fmt.Fprintf(c.stdout, "QUEUE %s: %d events no queue was bound to when they were published\n", out.Queue, out.Messages)
+	fmt.Fprintf(c.stdout, "QUEUE %s: %d messages no queue was bound to when they were published\n", out.Queue, out.Messages)
 	if len(out.Shown) == 0 {
 		return nil
 	}
 	tw := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "  ROUTING KEY\tEVENT TYPE\tMESSAGE ID\tAGGREGATE\tOCCURRED AT\tBYTES\tQUEUE IN THE SET NOW")
+	fmt.Fprintln(tw, "  ROUTING KEY\tEVENT TYPE\tMESSAGE ID\tAGGREGATE\tOCCURRED AT\tEVENTS\tBYTES\tQUEUE IN THE SET NOW")
 	for _, m := range out.Shown {
 		now := "none"
 		if m.RoutedBySet {
 			now = "yes: replay delivers it"
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%d\t%s\n", oneLine(m.RoutingKey, 80), oneLine(m.EventType, 60), orDash(oneLine(m.MessageID, 80)),
-			orDash(oneLine(m.AggregateID, 60)), orDash(oneLine(m.OccurredAt, 40)), m.Bytes, now)
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", oneLine(m.RoutingKey, 80), oneLine(m.EventType, 60), orDash(oneLine(m.MessageID, 80)),
+			orDash(oneLine(m.AggregateID, 60)), orDash(oneLine(m.OccurredAt, 40)), m.Events, m.Bytes, now)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

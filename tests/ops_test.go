@@ -958,7 +958,7 @@ func TestOutboxctl_Unroutable(t *testing.T) {
 			}
 		}
 		stdout, _, code := run("unroutable", "list", "--limit", "1")
-		if code != 0 || !strings.Contains(stdout, names.Unroutable()+": 2 events") || !strings.Contains(stdout, paidID) ||
+		if code != 0 || !strings.Contains(stdout, names.Unroutable()+": 2 messages") || !strings.Contains(stdout, paidID) ||
 			strings.Contains(stdout, strayID) || !strings.Contains(stdout, "the first 1 shown") {
 			t.Fatalf("unroutable list --limit 1: exit %d\n%s", code, stdout)
 		}

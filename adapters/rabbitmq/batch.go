@@ -311,10 +311,12 @@ func markReceived(d amqp.Delivery) {
 	}
 }
 
-// handle settles batch, in order, and acks it. A message whose id cannot
-// be a dedup key (see usableID) cannot have its marker written with the
-// others: it is handed to the fallback alone, which sets it aside at once,
-// and the runs of messages between such ones are settled as batches.
+// handle settles batch, in order, and acks it. A pack's events (see
+// Unpack) are settled as if each had come alone, and the pack is acked once
+// the last of them is. A message whose id cannot be a dedup key (see
+// usableID) cannot have its marker written with the others: it is handed
+// to the fallback alone, which sets it aside at once, and the runs of
+// messages between such ones are settled as batches.
 // An error means the channel must be closed: a delivery could not be
 // acked, or the fallback failed a message, which goes back to the queue
 // with the ones after it.
@@ -322,31 +324,61 @@ func (l *lane) handle(ctx context.Context, batch []amqp.Delivery) error {
 	// A batch in hand is finished even when ctx ends: its transaction is
 	// short, and finishing it spares a redelivery.
 	ctx = context.WithoutCancel(ctx)
-	msgs := make([]*message.Message, len(batch))
+	h := inHand{deliveries: batch, last: make([]int, len(batch))}
 	for i, d := range batch {
-		msg, err := Marshaler{}.Unmarshal(d)
+		msgs, err := Unpack(d)
 		if err != nil {
 			return err
 		}
-		msg.SetContext(ctx)
-		msgs[i] = msg
+		for _, msg := range msgs {
+			msg.SetContext(ctx)
+		}
+		h.msgs = append(h.msgs, msgs...)
+		h.last[i] = len(h.msgs) - 1
 	}
 	if trace.On() {
-		for _, msg := range msgs {
+		for _, msg := range h.msgs {
 			trace.Mark(trace.Started, msg.UUID)
 		}
 	}
-	for _, r := range runs(msgs) {
+	for _, r := range runs(h.msgs) {
 		if r.alone {
-			if err := l.one(batch[r.start], msgs[r.start], len(batch)-1-r.start); err != nil {
+			if err := l.one(&h, r.start); err != nil {
 				return err
 			}
 			continue
 		}
-		if err := l.settle(ctx, batch[r.start:r.end], msgs[r.start:r.end], len(batch)-r.end); err != nil {
+		if err := l.settle(ctx, &h, r.start, r.end); err != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// inHand is a batch of deliveries in hand and their messages: one per
+// delivery, or a pack's events.
+type inHand struct {
+	deliveries []amqp.Delivery
+	msgs       []*message.Message
+	last       []int // per delivery: the index in msgs of its last message
+	acked      int   // deliveries acked
+}
+
+// settled acks the deliveries whose messages are all among the first n.
+func (h *inHand) settled(n int) error {
+	k := h.acked
+	for k < len(h.deliveries) && h.last[k] < n {
+		k++
+	}
+	if k == h.acked {
+		return nil
+	}
+	// Every earlier delivery of the channel is acked: one multiple ack
+	// settles these.
+	if err := h.deliveries[k-1].Ack(true); err != nil {
+		return fmt.Errorf("ack %d deliveries: %w", k-h.acked, err)
+	}
+	h.acked = k
 	return nil
 }
 
@@ -382,39 +414,37 @@ func runs(msgs []*message.Message) []run {
 // index takes as it is (middleware.CheckMessageID).
 func usableID(id string) bool { return id != "" && middleware.CheckMessageID(id) == nil }
 
-// settle handles batch in one transaction and acks it; if the batch fails,
-// it hands each message to the fallback in order, acking each it handled.
-// rest is the number of deliveries behind batch in hand, for the error.
-func (l *lane) settle(ctx context.Context, batch []amqp.Delivery, msgs []*message.Message, rest int) error {
-	_, err := l.processBatch(ctx, msgs)
+// settle handles h.msgs[start:end] in one transaction and acks the
+// deliveries it completes; if the batch fails, it hands each message to the
+// fallback in order, acking each delivery it completed.
+func (l *lane) settle(ctx context.Context, h *inHand, start, end int) error {
+	_, err := l.processBatch(ctx, h.msgs[start:end])
 	if err == nil {
 		if l.c.OnBatch != nil {
-			l.c.OnBatch(len(batch))
+			l.c.OnBatch(end - start)
 		}
-		if err := batch[len(batch)-1].Ack(true); err != nil {
-			return fmt.Errorf("ack %d deliveries: %w", len(batch), err)
-		}
-		return nil
+		return h.settled(end)
 	}
 	l.c.Logger.Debug("batch consumer: batch failed, handling its messages one at a time",
-		"queue", l.queue, "size", len(batch), "error", err)
-	for i, d := range batch {
-		if err := l.one(d, msgs[i], len(batch)-1-i+rest); err != nil {
+		"queue", l.queue, "size", end-start, "error", err)
+	for i := start; i < end; i++ {
+		if err := l.one(h, i); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// one runs the fallback on msg and acks its delivery d. after is the number
-// of deliveries behind it in hand, for the error.
-func (l *lane) one(d amqp.Delivery, msg *message.Message, after int) error {
+// one runs the fallback on h.msgs[i] and acks the delivery it completes, if
+// it completes one.
+func (l *lane) one(h *inHand, i int) error {
+	msg := h.msgs[i]
 	if err := l.handleOne(msg); err != nil {
 		return fmt.Errorf("message %s failed; it and the %d after it in hand go back to the queue: %w",
-			middleware.SafeMessageID(msg.UUID), after, err)
+			middleware.SafeMessageID(msg.UUID), len(h.msgs)-1-i, err)
 	}
-	if err := d.Ack(false); err != nil {
-		return fmt.Errorf("ack message %s: %w", middleware.SafeMessageID(msg.UUID), err)
+	if err := h.settled(i + 1); err != nil {
+		return fmt.Errorf("after message %s: %w", middleware.SafeMessageID(msg.UUID), err)
 	}
 	return nil
 }

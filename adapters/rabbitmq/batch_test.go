@@ -108,6 +108,15 @@ func (f *batchFixture) publish(n int, id func(queue string, i int) (string, bool
 	}
 }
 
+// packError is the permanent failure of a message Unpack made of a pack
+// it could not read, as a handler's decoding reports it; nil for others.
+func packError(msg *message.Message) error {
+	if why := msg.Metadata.Get(rabbitmq.MetaPackError); why != "" {
+		return middleware.Permanent(errors.New(why))
+	}
+	return nil
+}
+
 func (f *batchFixture) attempt(id string) error {
 	f.mu.Lock()
 	f.attempts[id]++
@@ -132,6 +141,9 @@ func (f *batchFixture) consumer(url string) *rabbitmq.BatchConsumer {
 		if err := f.attempt(msg.UUID); err != nil {
 			return nil, err
 		}
+		if err := packError(msg); err != nil {
+			return nil, err
+		}
 		tx, _ := postgres.HandlerTx(msg.Context())
 		return nil, f.record(msg.Context(), tx, msg)
 	}
@@ -145,6 +157,9 @@ func (f *batchFixture) consumer(url string) *rabbitmq.BatchConsumer {
 				if err := f.attempt(msg.UUID); err != nil {
 					return err
 				}
+				if err := packError(msg); err != nil {
+					return err
+				}
 				lanes, ids = append(lanes, msg.Metadata.Get("lane")), append(ids, msg.UUID)
 			}
 			b.Exec("", `INSERT INTO effects (lane, event_id) SELECT l, e FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS x(l, e, n) ORDER BY n`, lanes, ids)
@@ -153,6 +168,9 @@ func (f *batchFixture) consumer(url string) *rabbitmq.BatchConsumer {
 		Handle: func(ctx context.Context, tx *sqlx.Tx, msgs []*message.Message) error {
 			for _, msg := range msgs {
 				if err := f.attempt(msg.UUID); err != nil {
+					return err
+				}
+				if err := packError(msg); err != nil {
 					return err
 				}
 				if err := f.record(ctx, tx, msg); err != nil {

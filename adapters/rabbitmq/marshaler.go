@@ -31,6 +31,10 @@ var _ wmamqp.Marshaler = Marshaler{}
 // and deliver than a header table (see docs/bench.md). Unmarshal puts them
 // back, so a consumer sees the message as it was.
 //
+// A pack (PackContentType: several events in one message) is unmarshaled
+// as one message whose MetaContentType says so; UnpackMessage, or Unpack on
+// the delivery, returns its events, and Marshal sends it out as it came.
+//
 // Unmarshal also reads messages of the earlier format, with the UUID in
 // the _watermill_message_uuid header (Watermill's DefaultMarshaler) and
 // every metadata key in headers: messages already in queues when a relay is
@@ -50,9 +54,10 @@ var _ wmamqp.Marshaler = Marshaler{}
 type Marshaler struct{}
 
 // ErrReservedMetadata is returned by Marshal for a message whose metadata
-// has the key of the UUID header (wmamqp.DefaultMessageUUIDHeaderKey):
-// Unmarshal reads the message's UUID from that header, so the entry would be
-// lost on the way.
+// has the key of the UUID header (wmamqp.DefaultMessageUUIDHeaderKey),
+// MetaPackError, or MetaContentType with another value than
+// PackContentType: Unmarshal reads the message's UUID from that header and
+// sets the other two itself, so the entry would be lost on the way.
 var ErrReservedMetadata = errors.New("metadata key reserved for the message UUID header")
 
 // maxMessageID is the longest message-id property, an AMQP short string. A
@@ -67,19 +72,28 @@ func (Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	if _, ok := msg.Metadata[wmamqp.DefaultMessageUUIDHeaderKey]; ok {
 		return amqp.Publishing{}, fmt.Errorf("message %s: %w (%s)", middleware.SafeMessageID(msg.UUID), ErrReservedMetadata, wmamqp.DefaultMessageUUIDHeaderKey)
 	}
+	if v, ok := msg.Metadata[MetaContentType]; ok && v != PackContentType {
+		return amqp.Publishing{}, fmt.Errorf("message %s: %w (%s)", middleware.SafeMessageID(msg.UUID), ErrReservedMetadata, MetaContentType)
+	}
+	if _, ok := msg.Metadata[MetaPackError]; ok {
+		return amqp.Publishing{}, fmt.Errorf("message %s: %w (%s)", middleware.SafeMessageID(msg.UUID), ErrReservedMetadata, MetaPackError)
+	}
 	pub := amqp.Publishing{DeliveryMode: amqp.Persistent, Body: msg.Payload}
 	lean := derivedFromBody(msg)
-	if lean {
-		pub.ContentType = outbox.EventContentType
-	}
 	n := len(msg.Metadata)
-	if lean {
+	switch {
+	case lean:
+		pub.ContentType = outbox.EventContentType
 		n -= outboxDerivedCount
+	case msg.Metadata[MetaContentType] == PackContentType:
+		// A pack as a router's handler was given it: it goes out as it came.
+		pub.ContentType = PackContentType
+		n--
 	}
 	if n > 0 || len(msg.UUID) > maxMessageID {
 		pub.Headers = make(amqp.Table, n+1)
 		for k, v := range msg.Metadata {
-			if !lean || !outbox.IsDerived(k) {
+			if (!lean || !outbox.IsDerived(k)) && (pub.ContentType != PackContentType || k != MetaContentType) {
 				pub.Headers[k] = v
 			}
 		}
@@ -147,6 +161,13 @@ func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 			continue
 		}
 		msg.Metadata[key] = headerText(value)
+	}
+	// Only the content type says a message is a pack, and only Unpack
+	// says it is a malformed one, not a header.
+	delete(msg.Metadata, MetaContentType)
+	delete(msg.Metadata, MetaPackError)
+	if d.ContentType == PackContentType {
+		msg.Metadata[MetaContentType] = PackContentType
 	}
 	if d.ContentType == outbox.EventContentType {
 		if meta, ok := outbox.DerivedMetadata(d.Body); ok {

@@ -114,10 +114,12 @@ func collect(t *testing.T, d <-chan amqp.Delivery) *arrivals {
 	a := &arrivals{}
 	go func() {
 		for m := range d {
-			x := arrival{delivery: parseDelivery(t, m), at: time.Now()}
-			x.marker, _ = m.Headers[phaseHeader].(string)
+			marker, _ := m.Headers[phaseHeader].(string)
+			now := time.Now()
 			a.mu.Lock()
-			a.all = append(a.all, x)
+			for _, ev := range parseDelivery(t, m) {
+				a.all = append(a.all, arrival{delivery: ev, at: now, marker: marker})
+			}
 			a.mu.Unlock()
 		}
 	}()

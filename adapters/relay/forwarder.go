@@ -21,6 +21,10 @@ import (
 	"github.com/outboxmill/outboxmill/middleware"
 )
 
+// DefaultPackEvents is the default Config.PackEvents: the most events one
+// AMQP message of the Outboxmill relay carries.
+const DefaultPackEvents = 32
+
 // Config configures a relay. Fields marked (outboxmill) apply to the
 // Outboxmill relay only.
 type Config struct {
@@ -53,6 +57,20 @@ type Config struct {
 	// InFlight (outboxmill) is how many publishes may await their broker
 	// confirm at once. Default 256.
 	InFlight int
+	// PackEvents (outboxmill) is the most events one AMQP message carries.
+	// Rows ready to be published together (a backlog, a burst) are packed
+	// per routing key into one message (rabbitmq.PackContentType), which
+	// the broker takes, stores, delivers and confirms as one; a consumer of
+	// this module handles each event as if it had come alone. An event
+	// with headers of its own (a trace context), or one the broker refused
+	// or closed the connection on, goes alone, and a refused pack's events
+	// are published again one by one. Consumers of an earlier version do
+	// not read packs: set 1 (every event alone) until they are upgraded.
+	// Default DefaultPackEvents.
+	PackEvents int
+	// PackBytes (outboxmill) bounds a pack's body; never more than
+	// MaxMessageSize. Default 64 KiB.
+	PackBytes int
 	// RequireRoute (outboxmill) reports whether messages of a topic must
 	// reach at least one queue: they are published as mandatory, and one the
 	// broker returns as unroutable is retried instead of being dropped.
@@ -153,6 +171,12 @@ func (c *Config) setDefaults() {
 	if c.InFlight == 0 {
 		c.InFlight = 256
 	}
+	if c.PackEvents == 0 {
+		c.PackEvents = DefaultPackEvents
+	}
+	if c.PackBytes == 0 {
+		c.PackBytes = 64 << 10
+	}
 	if c.RequireRoute == nil {
 		c.RequireRoute = func(string) bool { return true }
 	}
@@ -231,8 +255,8 @@ func (c Config) Validate() error {
 	if c.PollInterval < 0 || c.MinPollInterval < 0 || c.MinPollInterval > c.PollInterval {
 		errs = append(errs, errors.New("relay: need 0 <= MinPollInterval <= PollInterval"))
 	}
-	if c.BatchSize < 1 || c.InFlight < 1 {
-		errs = append(errs, errors.New("relay: BatchSize and InFlight must be at least 1"))
+	if c.BatchSize < 1 || c.InFlight < 1 || c.PackEvents < 1 || c.PackBytes < 1 {
+		errs = append(errs, errors.New("relay: BatchSize, InFlight, PackEvents and PackBytes must be at least 1"))
 	}
 	if c.StandbyInterval < 0 || c.PositionInterval < 0 || c.RetryInterval <= 0 || c.ConfirmTimeout <= 0 || c.CloseTimeout <= 0 {
 		errs = append(errs, errors.New("relay: intervals and timeouts must be positive"))

@@ -166,19 +166,26 @@ type delivery struct {
 	version   int
 }
 
-// parseDelivery reads an event delivery's id, aggregate and version, as
-// the consumers' marshaler does.
-func parseDelivery(t *testing.T, m amqp.Delivery) delivery {
+// parseDelivery reads the events of a delivery (one, or a pack's), each
+// with its id, aggregate and version, as the consumers do.
+func parseDelivery(t *testing.T, m amqp.Delivery) []delivery {
 	t.Helper()
-	msg, err := rabbitmq.Marshaler{}.Unmarshal(m)
+	msgs, err := rabbitmq.Unpack(m)
 	if err != nil {
-		t.Fatalf("unmarshal delivery: %v", err)
+		t.Fatalf("unpack delivery: %v", err)
 	}
-	v, _ := strconv.Atoi(msg.Metadata.Get(outbox.MetaAggregateVersion))
-	return delivery{id: msg.UUID, aggregate: msg.Metadata.Get(outbox.MetaAggregateID), version: v}
+	out := make([]delivery, len(msgs))
+	for i, msg := range msgs {
+		if why := msg.Metadata.Get(rabbitmq.MetaPackError); why != "" {
+			t.Fatalf("delivery %s: %s", m.MessageId, why)
+		}
+		v, _ := strconv.Atoi(msg.Metadata.Get(outbox.MetaAggregateVersion))
+		out[i] = delivery{id: msg.UUID, aggregate: msg.Metadata.Get(outbox.MetaAggregateID), version: v}
+	}
+	return out
 }
 
-// receive collects n deliveries, failing after timeout.
+// receive collects n events, failing after timeout.
 func receive(t *testing.T, d <-chan amqp.Delivery, n int, timeout time.Duration) []delivery {
 	t.Helper()
 	var got []delivery
@@ -186,9 +193,9 @@ func receive(t *testing.T, d <-chan amqp.Delivery, n int, timeout time.Duration)
 	for len(got) < n {
 		select {
 		case m := <-d:
-			got = append(got, parseDelivery(t, m))
+			got = append(got, parseDelivery(t, m)...)
 		case <-deadline:
-			t.Fatalf("received %d of %d deliveries within %s", len(got), n, timeout)
+			t.Fatalf("received %d of %d events within %s", len(got), n, timeout)
 		}
 	}
 	return got

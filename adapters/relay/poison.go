@@ -218,6 +218,18 @@ func (r *Outboxmill) attempts(pos position) int {
 	return max(r.suspects[pos].attempts, 1)
 }
 
+// isSuspect reports whether the broker closed the connection on the row at
+// pos since it was last confirmed: such a row is published alone.
+func (r *Outboxmill) isSuspect(pos position) bool {
+	if r.suspected.Load() == 0 {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.suspects[pos]
+	return ok
+}
+
 // forget drops what is known of the row at pos, once confirmed. It is
 // called for every confirm, and almost always finds no suspect at all.
 func (r *Outboxmill) forget(pos position) {

@@ -12,6 +12,7 @@ import (
 
 	oteltrace "go.opentelemetry.io/otel/trace"
 
+	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/internal/trace"
 	"github.com/outboxmill/outboxmill/middleware"
@@ -55,7 +56,9 @@ type stream struct {
 	ready    byOrder             // queue heads to publish now
 	retrying byRetry             // refused queue heads waiting for their retry time
 	inflight []*entry            // awaiting their confirm; publish order
-	limit    int                 // in-flight limit, from 1 to Config.InFlight
+	flying   int                 // publishes awaiting their confirm: a pack's rows are one
+	limit    int                 // in-flight limit of publishes, from 1 to Config.InFlight
+	packs    packer              // ready rows being packed, per topic
 
 	blocked  map[string]uint64 // keys held behind a set-aside row -> seq of the last row held (0: none in this stream)
 	markers  map[string]*entry // keys with a release waiting to be carried out
@@ -73,6 +76,8 @@ type entry struct {
 	key      string
 	state    entryState
 	confirm  *amqp.DeferredConfirmation
+	pubID    string         // the message-id of its publish: its own UUID, or its pack's
+	pubSize  int            // rows in its publish, 1 unless packed; inflight holds them in a row
 	span     oteltrace.Span // the publish in flight's span; nil when none is
 	sentAt   time.Time
 	refusals int
@@ -119,7 +124,7 @@ func newStream(ctx context.Context, r *Outboxmill, l *lease, conn *amqp.Connecti
 	return &stream{
 		r: r, lease: l, ch: ch, frameMax: conn.Config.FrameSize, returns: returns, returned: map[string]string{},
 		writer: startPositionWriter(r, l, pos, f),
-		queues: map[string][]*entry{}, limit: r.config.InFlight,
+		queues: map[string][]*entry{}, limit: r.config.InFlight, packs: newPacker(r.config.PackEvents),
 		blocked: blocked, markers: map[string]*entry{}, timer: timer,
 	}, nil
 }
@@ -240,7 +245,7 @@ func (s *stream) dispatch(ctx context.Context) error {
 			}
 		}
 	}
-	for len(s.inflight) < s.limit && s.ready.Len() > 0 {
+	for s.flying+s.packs.open() < s.limit && s.ready.Len() > 0 {
 		if err := s.lease.check(); err != nil {
 			return s.fail(err)
 		}
@@ -250,21 +255,88 @@ func (s *stream) dispatch(ctx context.Context) error {
 			s.poison(e, reason)
 			continue
 		}
-		var err error
 		e.span = s.r.traces.start(e.topic, e.msg)
 		injectHeaders(e.span, &pub, s.frameMax)
-		e.sentAt = time.Now()
-		trace.Mark(trace.Published, e.msg.UUID) // before: a consumer may have it as soon as it is sent
-		e.confirm, err = s.ch.PublishWithDeferredConfirmWithContext(ctx, s.r.config.Exchange, e.topic,
-			s.r.config.RequireRoute(e.topic), false, pub)
-		if err != nil {
-			err = fmt.Errorf("publish event %s: %w", e.msg.UUID, err)
-			e.endSpan(err.Error())
-			return s.fail(err)
+		if s.packable(e, pub) {
+			if full := s.packs.add(e, pub.Body, s.packLimit()); full != nil {
+				if err := s.publishPack(ctx, full); err != nil {
+					return err
+				}
+			}
+			continue
 		}
-		e.state = inFlight
-		s.inflight = append(s.inflight, e)
+		if err := s.publish(ctx, []*entry{e}, pub); err != nil {
+			return err
+		}
 	}
+	for _, p := range s.packs.flush() {
+		if err := s.publishPack(ctx, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// packable reports whether e, to be published as pub, may go in a pack:
+// packing is on, pub is a lean event (no header: no trace context either;
+// its UUID as message-id) with no span recording, and the broker has
+// neither refused e nor closed the connection on it (those go alone, so
+// that the refusal or poison is e's own).
+func (s *stream) packable(e *entry, pub amqp.Publishing) bool {
+	return s.r.config.PackEvents > 1 && pub.ContentType == outbox.EventContentType && pub.Headers == nil &&
+		pub.MessageId == e.msg.UUID && pub.MessageId != "" && !e.span.IsRecording() &&
+		e.refusals == 0 && !s.r.isSuspect(e.pos) &&
+		s.packs.fits(len(e.msg.UUID), len(pub.Body), s.packLimit())
+}
+
+// packLimit is the largest pack body: PackBytes, and no more than the
+// broker takes.
+func (s *stream) packLimit() int {
+	limit := s.r.config.PackBytes
+	if m := s.r.config.MaxMessageSize; m > 0 && m < limit {
+		limit = m
+	}
+	return limit
+}
+
+// publishPack publishes the rows of p: as a pack, or alone when p holds one.
+func (s *stream) publishPack(ctx context.Context, p *openPack) error {
+	if len(p.entries) == 1 {
+		e := p.entries[0]
+		return s.publish(ctx, p.entries, amqp.Publishing{
+			DeliveryMode: amqp.Persistent, ContentType: outbox.EventContentType, MessageId: e.msg.UUID,
+			Body: e.msg.Payload,
+		})
+	}
+	body := append([]byte(nil), p.pack.Body()...)
+	return s.publish(ctx, p.entries, amqp.Publishing{
+		DeliveryMode: amqp.Persistent, ContentType: rabbitmq.PackContentType, MessageId: p.entries[0].msg.UUID,
+		Body: body,
+	})
+}
+
+// publish publishes pub, which carries the rows of es (one, or a pack's),
+// all of one topic, and puts them in flight.
+func (s *stream) publish(ctx context.Context, es []*entry, pub amqp.Publishing) error {
+	now := time.Now()
+	for _, e := range es {
+		e.sentAt, e.pubID, e.pubSize = now, pub.MessageId, len(es)
+		trace.Mark(trace.Published, e.msg.UUID) // before: a consumer may have it as soon as it is sent
+	}
+	confirm, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, s.r.config.Exchange, es[0].topic,
+		s.r.config.RequireRoute(es[0].topic), false, pub)
+	if err != nil {
+		err = fmt.Errorf("publish event %s: %w", es[0].msg.UUID, err)
+		for _, e := range es {
+			e.endSpan(err.Error())
+		}
+		return s.fail(err)
+	}
+	for _, e := range es {
+		e.confirm, e.state = confirm, inFlight
+	}
+	s.inflight = append(s.inflight, es...)
+	s.flying++
 	return nil
 }
 
@@ -317,24 +389,27 @@ func (s *stream) settleConfirms() {
 			// the client: the broker did not refuse them (see closed).
 			return
 		}
-		s.inflight = s.inflight[1:]
+		rows := s.inflight[:e.pubSize]
+		s.inflight = s.inflight[e.pubSize:]
+		s.flying--
 		// A return for a mandatory message is dispatched before its confirm,
 		// so it is queued by now if there is one.
 		s.drainReturns()
-		switch reason, returned := s.returned[e.msg.UUID]; {
+		reason, returned := s.returned[e.pubID]
+		delete(s.returned, e.pubID)
+		switch {
 		case !e.confirm.Acked():
-			e.endSpan("nacked by the broker")
-			s.refuse(e, RefusedNack, "nacked by the broker")
+			s.refuse(rows, RefusedNack, "nacked by the broker")
 		case returned:
-			delete(s.returned, e.msg.UUID)
-			e.endSpan("returned by the broker: " + reason)
-			s.refuse(e, RefusedReturn, "returned by the broker: "+reason)
+			s.refuse(rows, RefusedReturn, "returned by the broker: "+reason)
 		default:
-			e.endSpan("")
-			e.state = confirmed
 			s.limit = min(s.limit+1, s.r.config.InFlight)
-			s.r.forget(e.pos)
-			s.next(e)
+			for _, x := range rows {
+				x.endSpan("")
+				x.state = confirmed
+				s.r.forget(x.pos)
+				s.next(x)
+			}
 		}
 	}
 }
@@ -353,23 +428,29 @@ func (s *stream) next(e *entry) {
 	}
 }
 
-// refuse schedules a refused publish to be published again, before the
-// rest of its aggregate, and halves the in-flight limit.
-func (s *stream) refuse(e *entry, kind, why string) {
+// refuse schedules the rows of a refused publish to be published again,
+// each alone and before the rest of its aggregate, and halves the
+// in-flight limit.
+func (s *stream) refuse(rows []*entry, kind, why string) {
 	s.r.config.Metrics.Refused(kind)
-	e.state = waiting
-	e.refusals++
-	backoff := s.r.config.RefusalBackoff << min(e.refusals-1, 20)
-	e.retryAt = time.Now().Add(min(backoff, s.r.config.MaxRefusalBackoff))
-	heap.Push(&s.retrying, e)
+	now := time.Now()
+	for _, e := range rows {
+		e.endSpan(why)
+		e.state = waiting
+		e.refusals++
+		backoff := s.r.config.RefusalBackoff << min(e.refusals-1, 20)
+		e.retryAt = now.Add(min(backoff, s.r.config.MaxRefusalBackoff))
+		heap.Push(&s.retrying, e)
+	}
 	s.limit = max(1, s.limit/2)
 	if s.throttle.IsZero() {
-		s.throttle = time.Now()
+		s.throttle = now
 	}
 	s.refusals++
 	if time.Since(s.warned) >= refusalWarnInterval {
+		e := rows[0]
 		s.r.logger.Warn("broker refusing publishes; retrying them in order",
-			"refusals", s.refusals, "last_event_id", e.msg.UUID, "topic", e.topic, "reason", why,
+			"refusals", s.refusals, "last_event_id", e.msg.UUID, "events", len(rows), "topic", e.topic, "reason", why,
 			"in_flight_limit", s.limit)
 		s.warned, s.refusals = time.Now(), 0
 	}
@@ -505,7 +586,10 @@ func (s *stream) flush(ctx context.Context) error {
 func (s *stream) closed(err *amqp.Error) error {
 	s.settleConfirms()
 	if err != nil && len(s.inflight) > 0 && closedOnMessage(err) {
-		s.r.suspect(s.inflight[0].row, err)
+		// Each row of a pack is suspect, and so published alone next.
+		for _, e := range s.inflight[:s.inflight[0].pubSize] {
+			s.r.suspect(e.row, err)
+		}
 	}
 	return s.fail(fmt.Errorf("broker channel closed: %v", err))
 }
@@ -519,7 +603,7 @@ func (s *stream) fail(cause error) error {
 	for _, e := range s.inflight {
 		e.endSpan(cause.Error())
 	}
-	s.inflight = nil
+	s.inflight, s.flying = nil, 0
 	return errors.Join(cause, s.advance())
 }
 

@@ -306,6 +306,47 @@ func queueDepth(ch *amqp.Channel, queue string) (int, error) {
 	return q.Messages, nil
 }
 
+// countEvents consumes the messages of queue, which holds messages ready
+// and no consumer, and returns how many events they carry: one each, or a
+// pack's.
+func countEvents(ctx context.Context, conn *amqp.Connection, queue string, messages int) (int, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	defer ch.Close()
+	if err := ch.Qos(1000, 0, false); err != nil {
+		return 0, err
+	}
+	deliveries, err := ch.ConsumeWithContext(ctx, queue, "", true, true, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("count events of %s: %w", queue, err)
+	}
+	events := 0
+	for range messages {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return 0, fmt.Errorf("count events of %s: the channel closed", queue)
+			}
+			n := 1
+			if rabbitmq.IsPack(d) {
+				evs, err := rabbitmq.UnpackBody(d.Body)
+				if err != nil {
+					return 0, fmt.Errorf("count events of %s: %w", queue, err)
+				}
+				n = len(evs)
+			}
+			events += n
+		case <-time.After(30 * time.Second):
+			return 0, fmt.Errorf("count events of %s: no message for 30 s", queue)
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	return events, nil
+}
+
 // loadAverage returns the one-minute load average, or 0 where the system
 // does not tell.
 func loadAverage() float64 {

@@ -78,6 +78,9 @@ func (r *runner) measureDrains(ctx context.Context, vs []variant) error {
 
 	samples := map[string][]float64{}
 	partial := map[string]string{}
+	// perMessage holds, for a relay that packed events, the events per
+	// message of each repetition.
+	perMessage := map[string][]float64{}
 	for rep := 0; rep < r.cfg.Reps; rep++ {
 		for _, v := range relays {
 			if _, ok := r.skipped[v.key]; ok {
@@ -101,6 +104,10 @@ func (r *runner) measureDrains(ctx context.Context, vs []variant) error {
 			} else if res.final > r.cfg.Backlog {
 				status = fmt.Sprintf("drained, %d published twice", res.final-r.cfg.Backlog)
 			}
+			if res.messages > 0 && res.messages < res.final {
+				status += fmt.Sprintf("; %d events in %d messages", res.final, res.messages)
+				perMessage[v.key] = append(perMessage[v.key], float64(res.final)/float64(res.messages))
+			}
 			var setAside string
 			switch {
 			case res.setAsideErr != nil:
@@ -123,6 +130,10 @@ func (r *runner) measureDrains(ctx context.Context, vs []variant) error {
 		if p, ok := partial[v.key]; ok {
 			f.Note = p
 		}
+		if pm := perMessage[v.key]; len(pm) > 0 {
+			_, med := summary(pm)
+			f.Note = strings.TrimPrefix(f.Note+fmt.Sprintf("; packs: %.1f events per message", med), "; ")
+		}
 		r.report.Figures = append(r.report.Figures, f)
 	}
 	return nil
@@ -134,13 +145,18 @@ type buildError struct{ err error }
 func (e *buildError) Error() string { return e.err.Error() }
 
 type drainResult struct {
-	// enqueued is the queue depth when the drain ended, elapsed after the
-	// relay started.
+	// enqueued is the events published when the drain ended, elapsed after
+	// the relay started: the queue depth for a forwarder (one message per
+	// event), the events whose position the relay stored (so confirmed by
+	// the broker) for a relay kind, whose messages may be packs.
 	enqueued int
 	elapsed  time.Duration
-	// final is the queue depth after the relay stopped; above the backlog,
-	// events were published twice.
+	// final is the events in the queue after the relay stopped; above the
+	// backlog, events were published twice.
 	final int
+	// messages is the queue depth after the relay stopped: fewer than the
+	// events when the relay packed them.
+	messages int
 	// stall says, for a drain stopped at DrainMax, what held it back when
 	// it stopped (stallReport).
 	stall string
@@ -182,13 +198,21 @@ func (r *runner) drainOnce(ctx context.Context, v variant, template string) (dra
 	if err != nil {
 		return drainResult{}, &buildError{err}
 	}
+	// A relay kind's messages may be packs, several events each: its
+	// published events are counted as it reports them stored, not by the
+	// queue's depth.
+	published := func() (int, error) { return queueDepth(ch, objs.queue("count")) }
+	if v.slots != nil {
+		base := v.slots.published.Load()
+		published = func() (int, error) { return int(v.slots.published.Load() - base), nil }
+	}
 	start := time.Now()
 	rr := startRelay(ctx, rel)
 	var res drainResult
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		n, err := queueDepth(ch, objs.queue("count"))
+		n, err := published()
 		if err != nil {
 			_ = rr.stop()
 			return drainResult{}, err
@@ -218,7 +242,15 @@ func (r *runner) drainOnce(ctx context.Context, v variant, template string) (dra
 	}
 	res.final = res.enqueued
 	if n, err := queueDepth(ch, objs.queue("count")); err == nil {
-		res.final = n
+		res.final, res.messages = n, n
+		if v.slots != nil {
+			// Outside the measured window: the events the queue holds.
+			if events, err := countEvents(ctx, conn, objs.queue("count"), n); err == nil {
+				res.final = events
+			} else {
+				r.cfg.Logger.Warn("count the drained events", "variant", v.key, "error", err)
+			}
+		}
 	}
 	// A diagnosis: a failed read is reported, not fatal to the run.
 	res.setAside, res.reasons, res.setAsideErr = readSetAside(ctx, db,

@@ -170,12 +170,19 @@ const cdcHeartbeatInterval = 5 * time.Second
 // relay reports of its slot (relay.SlotMetrics): the services' metrics
 // implement it too, so the relay reads its slot's health at each heartbeat
 // as it does there, and the report can say when the relay polled the outbox
-// because no slot could be had. Everything else is discarded.
+// because no slot could be had. It counts the events published, which the
+// drain reads. Everything else is discarded.
 type slotHealth struct {
 	relay.NopMetrics
 	fallbacks atomic.Int64
 	recreated atomic.Int64
+	// published counts the events the relays reported stored as
+	// published (Metrics.Published).
+	published atomic.Int64
 }
+
+// Published implements relay.Metrics: the events counted.
+func (h *slotHealth) Published(n int, _ time.Duration) { h.published.Add(int64(n)) }
 
 var _ relay.SlotMetrics = (*slotHealth)(nil)
 

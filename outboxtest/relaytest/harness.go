@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -412,17 +413,19 @@ func (c *consumer) record(queue string, deliveries <-chan amqp.Delivery, ack boo
 	go func() {
 		defer c.wg.Done()
 		for m := range deliveries {
-			// The marshaler reads both message formats: the metadata in
-			// headers, or derived from an event's body.
-			var d delivery
-			if msg, err := (rabbitmq.Marshaler{}).Unmarshal(m); err == nil {
-				d.id = msg.UUID
-				d.aggregate = msg.Metadata.Get(outbox.MetaAggregateID)
-				d.version, _ = strconv.Atoi(msg.Metadata.Get(outbox.MetaAggregateVersion))
+			// Unpack reads every message format: the metadata in headers,
+			// or derived from an event's body, and a pack's events.
+			msgs, err := rabbitmq.Unpack(m)
+			if err != nil {
+				msgs = []*message.Message{message.NewMessage("", nil)}
 			}
 			c.mu.Lock()
-			c.byQueue[queue] = append(c.byQueue[queue], d)
-			c.counts[queue][d.id]++
+			for _, msg := range msgs {
+				d := delivery{id: msg.UUID, aggregate: msg.Metadata.Get(outbox.MetaAggregateID)}
+				d.version, _ = strconv.Atoi(msg.Metadata.Get(outbox.MetaAggregateVersion))
+				c.byQueue[queue] = append(c.byQueue[queue], d)
+				c.counts[queue][d.id]++
+			}
 			c.mu.Unlock()
 			if ack {
 				_ = m.Ack(false)

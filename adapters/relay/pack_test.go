@@ -1,0 +1,139 @@
+package relay_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+	"github.com/outboxmill/outboxmill/domain/orders"
+)
+
+// receiveMessages collects messages from d until they carry n events,
+// failing after timeout.
+func receiveMessages(t *testing.T, d <-chan amqp.Delivery, n int, timeout time.Duration) (msgs []amqp.Delivery, events []delivery) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for len(events) < n {
+		select {
+		case m := <-d:
+			msgs = append(msgs, m)
+			events = append(events, parseDelivery(t, m)...)
+		case <-deadline:
+			t.Fatalf("received %d of %d events within %s", len(events), n, timeout)
+		}
+	}
+	return msgs, events
+}
+
+// A backlog goes out in packs: fewer messages than events, each pack of
+// one routing key (its events', by type and shard), every event once and
+// each aggregate in order.
+func TestOutboxmill_PacksABacklog(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	d := f.bindQueue("#")
+	const aggregates, versions = 300, 2
+	for v := 1; v <= versions; v++ {
+		for a := range aggregates {
+			f.commit(fmt.Sprintf("agg-%d", a), v)
+		}
+	}
+	f.start(f.config())
+	msgs, events := receiveMessages(t, d, aggregates*versions, time.Minute)
+	if len(events) != aggregates*versions {
+		t.Fatalf("%d events, want %d", len(events), aggregates*versions)
+	}
+	seen := map[string]bool{}
+	last := map[string]int{}
+	for _, g := range events {
+		if seen[g.id] {
+			t.Fatalf("event %s delivered twice", g.id)
+		}
+		seen[g.id] = true
+		if g.version != last[g.aggregate]+1 {
+			t.Fatalf("aggregate %s: version %d delivered after %d", g.aggregate, g.version, last[g.aggregate])
+		}
+		last[g.aggregate] = g.version
+	}
+	packs := 0
+	for _, m := range msgs {
+		if m.ContentType != rabbitmq.PackContentType {
+			continue
+		}
+		packs++
+		for _, g := range parseDelivery(t, m) {
+			if key := outbox.RoutingKey(orders.EventOrderPaid, g.aggregate); key != m.RoutingKey {
+				t.Errorf("event of %s, routing key %s, in a pack routed by %s", g.aggregate, key, m.RoutingKey)
+			}
+		}
+	}
+	// 300 aggregates' heads over 16 shards are ready at once: packs of
+	// about 19, at most 32.
+	if len(msgs) > len(events)/4 || packs == 0 {
+		t.Errorf("%d events in %d messages (%d packs), want at most a quarter as many messages as events", len(events), len(msgs), packs)
+	}
+	t.Logf("%d events in %d messages, %d of them packs", len(events), len(msgs), packs)
+}
+
+// PackEvents 1 publishes each event alone, as relays before packs did.
+func TestOutboxmill_PackEventsOnePublishesEachAlone(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	d := f.bindQueue("#")
+	for a := range 50 {
+		f.commit(fmt.Sprintf("agg-%d", a), 1)
+	}
+	cfg := f.config()
+	cfg.PackEvents = 1
+	f.start(cfg)
+	msgs, _ := receiveMessages(t, d, 50, time.Minute)
+	for _, m := range msgs {
+		if m.ContentType != outbox.EventContentType {
+			t.Fatalf("a message of content type %q, want each event alone (%q)", m.ContentType, outbox.EventContentType)
+		}
+	}
+}
+
+// A pack the broker returns (no queue for its routing key) is not lost:
+// its events are published again, each alone, until a queue is bound.
+func TestOutboxmill_ReturnedPackGoesAgainEventByEvent(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	shard := outbox.Shard("agg-0")
+	var aggs []string
+	for i := 0; len(aggs) < 10; i++ {
+		if a := fmt.Sprintf("agg-%d", i); outbox.Shard(a) == shard {
+			aggs = append(aggs, a)
+		}
+	}
+	for _, a := range aggs {
+		f.commit(a, 1)
+	}
+	cfg := f.config()
+	failures := &countingMetrics{}
+	cfg.Metrics = failures
+	f.start(cfg)
+	waitFor(t, 30*time.Second, "a returned publish", func() bool { return failures.refusals() > 0 })
+	d := f.bindQueue(outbox.RoutingKey(orders.EventOrderPaid, aggs[0]))
+	msgs, events := receiveMessages(t, d, len(aggs), time.Minute)
+	got := map[string]bool{}
+	for _, g := range events {
+		got[g.aggregate] = true
+	}
+	for _, a := range aggs {
+		if !got[a] {
+			t.Errorf("the event of %s did not arrive", a)
+		}
+	}
+	// The ten were read at once and packed; the pack was returned, and
+	// each of its events went again alone.
+	for _, m := range msgs {
+		if m.ContentType == rabbitmq.PackContentType {
+			t.Errorf("a pack of %d events arrived after the return, want each returned event alone", len(parseDelivery(t, m)))
+		}
+	}
+}
