@@ -224,13 +224,15 @@ func (r *restoreRig) receive(want []event) []event {
 	for len(missing) > 0 {
 		select {
 		case m := <-r.got:
-			msg, err := rabbitmq.Marshaler{}.Unmarshal(m)
+			msgs, err := rabbitmq.Unpack(m) // one event, or a pack's
 			if err != nil {
-				r.t.Fatalf("unmarshal delivery: %v", err)
+				r.t.Fatalf("unpack delivery: %v", err)
 			}
-			v, _ := strconv.Atoi(msg.Metadata.Get(outbox.MetaAggregateVersion))
-			got = append(got, event{id: msg.UUID, aggregate: msg.Metadata.Get(outbox.MetaAggregateID), version: v})
-			delete(missing, msg.UUID)
+			for _, msg := range msgs {
+				v, _ := strconv.Atoi(msg.Metadata.Get(outbox.MetaAggregateVersion))
+				got = append(got, event{id: msg.UUID, aggregate: msg.Metadata.Get(outbox.MetaAggregateID), version: v})
+				delete(missing, msg.UUID)
+			}
 		case <-deadline:
 			r.t.Fatalf("%d events not delivered within a minute (got %d)", len(missing), len(got))
 		}

@@ -65,12 +65,13 @@ func ExampleNew() {
 
 	d := exampleNextDelivery(url, ns+".tracking")
 	fmt.Println("routing key:", d.RoutingKey == outbox.RoutingKey("ParcelShipped", "parcel-1"))
-	msg, err := rabbitmq.Marshaler{}.Unmarshal(d)
+	// Unpack reads a delivery's events: one, or a pack's.
+	msgs, err := rabbitmq.Unpack(d)
 	if err != nil {
-		fmt.Println("unmarshal:", err)
+		fmt.Println("unpack:", err)
 		return
 	}
-	fmt.Println("event type:", msg.Metadata.Get(outbox.MetaEventType))
+	fmt.Println("event type:", msgs[0].Metadata.Get(outbox.MetaEventType))
 	fmt.Println("persistent:", d.DeliveryMode == amqp.Persistent)
 	// Output:
 	// routing key: true
@@ -178,12 +179,13 @@ func ExampleNewCDC() {
 	go func() { done <- r.Run(runCtx) }()
 
 	d := exampleNextDelivery(url, ns+".tracking")
-	msg, err := rabbitmq.Marshaler{}.Unmarshal(d)
+	// Unpack reads a delivery's events: one, or a pack's.
+	msgs, err := rabbitmq.Unpack(d)
 	if err != nil {
-		fmt.Println("unmarshal:", err)
+		fmt.Println("unpack:", err)
 		return
 	}
-	fmt.Println("event type:", msg.Metadata.Get(outbox.MetaEventType))
+	fmt.Println("event type:", msgs[0].Metadata.Get(outbox.MetaEventType))
 	slots, err := relay.Slots(ctx, db, box)
 	if err != nil {
 		fmt.Println(err)

@@ -105,20 +105,45 @@ func (o *observer) record(m amqp.Delivery) {
 		AggregateID      string `json:"aggregate_id"`
 		AggregateVersion int    `json:"aggregate_version"`
 	}
-	o.mu.Lock()
-	if err := json.Unmarshal(m.Body, &body); err != nil || body.EventID == "" || body.AggregateID == "" {
-		o.malformed++
-		o.mu.Unlock()
-		return
-	}
 	_, dead := m.Headers["x-death"]
-	o.deliveries = append(o.deliveries, delivery{
-		EventID: body.EventID, EventType: body.EventType,
-		AggregateID: body.AggregateID, AggregateVersion: body.AggregateVersion,
-		Redelivered: m.Redelivered, DeadLettered: dead, At: at,
-	})
-	o.copies[body.EventID]++
-	o.mu.Unlock()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, ev := range eventBodies(m) {
+		body = struct {
+			EventID          string `json:"event_id"`
+			EventType        string `json:"event_type"`
+			AggregateID      string `json:"aggregate_id"`
+			AggregateVersion int    `json:"aggregate_version"`
+		}{}
+		if err := json.Unmarshal(ev, &body); err != nil || body.EventID == "" || body.AggregateID == "" {
+			o.malformed++
+			continue
+		}
+		o.deliveries = append(o.deliveries, delivery{
+			EventID: body.EventID, EventType: body.EventType,
+			AggregateID: body.AggregateID, AggregateVersion: body.AggregateVersion,
+			Redelivered: m.Redelivered, DeadLettered: dead, At: at,
+		})
+		o.copies[body.EventID]++
+	}
+}
+
+// eventBodies returns the event bodies m carries: its body, or those of
+// the events of a pack (a pack that cannot be read gives its whole body,
+// which is then no event).
+func eventBodies(m amqp.Delivery) [][]byte {
+	if !rabbitmq.IsPack(m) {
+		return [][]byte{m.Body}
+	}
+	events, err := rabbitmq.UnpackBody(m.Body)
+	if err != nil {
+		return [][]byte{m.Body}
+	}
+	bodies := make([][]byte, len(events))
+	for i, ev := range events {
+		bodies[i] = ev.Body
+	}
+	return bodies
 }
 
 // snapshot returns the deliveries so far, in arrival order.

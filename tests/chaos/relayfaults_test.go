@@ -431,13 +431,15 @@ func startRefusingQueue(t *testing.T, sc *scenario) *refusingQueue {
 				AggregateID      string `json:"aggregate_id"`
 				AggregateVersion int    `json:"aggregate_version"`
 			}
-			if json.Unmarshal(m.Body, &body) == nil {
-				// Both services' events come here: an order and its
-				// settlement have the same id.
-				q.mu.Lock()
-				q.received = append(q.received, delivery{EventID: body.EventID,
-					AggregateID: body.AggregateType + "/" + body.AggregateID, AggregateVersion: body.AggregateVersion})
-				q.mu.Unlock()
+			for _, ev := range eventBodies(m) {
+				if json.Unmarshal(ev, &body) == nil {
+					// Both services' events come here: an order and its
+					// settlement have the same id.
+					q.mu.Lock()
+					q.received = append(q.received, delivery{EventID: body.EventID,
+						AggregateID: body.AggregateType + "/" + body.AggregateID, AggregateVersion: body.AggregateVersion})
+					q.mu.Unlock()
+				}
 			}
 			// The consumer's own pace, not a wait for a condition.
 			time.Sleep(fullQueuePace)
@@ -1085,19 +1087,23 @@ func startFenceWatcher(t *testing.T, sc *scenario) *fenceWatcher {
 	go func() {
 		defer close(w.done)
 		for m := range msgs {
-			entry := ""
+			var entries []string
 			if name, ok := m.Headers[markerHeader].(string); ok {
-				entry = "marker:" + name
+				entries = append(entries, "marker:"+name)
 			} else {
-				var body struct {
-					EventID string `json:"event_id"`
-				}
-				if json.Unmarshal(m.Body, &body) == nil {
-					entry = body.EventID
+				for _, ev := range eventBodies(m) {
+					var body struct {
+						EventID string `json:"event_id"`
+					}
+					entry := ""
+					if json.Unmarshal(ev, &body) == nil {
+						entry = body.EventID
+					}
+					entries = append(entries, entry)
 				}
 			}
 			w.mu.Lock()
-			w.seq = append(w.seq, entry)
+			w.seq = append(w.seq, entries...)
 			w.mu.Unlock()
 		}
 	}()
