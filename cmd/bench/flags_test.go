@@ -27,6 +27,7 @@ func TestRun_FlagRanges(t *testing.T) {
 		{"load too high", []string{"-loads", "5000000"}, "-loads: 5000000 is outside 1..1000000 events/s"},
 		{"loads not increasing", []string{"-loads", "500,100"}, "loads must be positive and increasing"},
 		{"negative relay poll", []string{"-relay-poll", "-1s"}, "-relay-poll -1s must not be negative: want 0s..10m"},
+		{"pack events past the bound", []string{"-relay-pack-events", "20000"}, "-relay-pack-events 20000 is outside 0..10000 (0: the default)"},
 		{"tuned poll 0", []string{"-tuned-poll", "0s"}, "-tuned-poll 0s is outside 1ms..10m"},
 		{"tuned batch 0", []string{"-tuned-batch", "0"}, "-tuned-batch 0 is outside 1..100000"},
 		{"tuned pool past channel_max", []string{"-tuned-pool", "5000"}, "-tuned-pool 5000 is outside 1..2047"},

@@ -50,6 +50,7 @@ func run(args []string, stderr io.Writer) int {
 	loads := fs.String("loads", "", fmt.Sprintf("offered loads of the latency figures, events/s (1..1000000 each, increasing), comma-separated (default %s; quick %s)", joinInts(full.Loads), joinInts(short.Loads)))
 	backlog := fs.Int("backlog", 0, fmt.Sprintf("events pre-filled for the drain rate, 0..10000000 (0: the default, %d; quick %d)", full.Backlog, short.Backlog))
 	relayPoll := fs.Duration("relay-poll", 0, "poll interval given to relay.New, 0..10m (0: each kind's default)")
+	relayPack := fs.Int("relay-pack-events", 0, "most events per message given to relay.New, 0..10000 (0: the default; 1: every event alone)")
 	tunedPoll := fs.Duration("tuned-poll", full.TunedPollInterval, "poll interval of the tuned Watermill forwarder, 1ms..10m")
 	tunedBatch := fs.Int("tuned-batch", full.TunedBatchSize, "select batch size of the tuned Watermill forwarder, 1..100000")
 	tunedPool := fs.Int("tuned-pool", full.TunedChannelPool, "AMQP channel pool size of the tuned Watermill forwarder, 1..2047")
@@ -64,7 +65,7 @@ func run(args []string, stderr io.Writer) int {
 	if ok, code := cli.Parse(fs, args, stderr); !ok {
 		return code
 	}
-	if err := checkFlags(*reps, *backlog, *relayPoll, *tunedPoll, *tunedBatch, *tunedPool); err != nil {
+	if err := checkFlags(*reps, *backlog, *relayPack, *relayPoll, *tunedPoll, *tunedBatch, *tunedPool); err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
 		return 2
 	}
@@ -80,6 +81,7 @@ func run(args []string, stderr io.Writer) int {
 	}
 	cfg.Reps = *reps
 	cfg.RelayPollInterval = *relayPoll
+	cfg.RelayPackEvents = *relayPack
 	cfg.TunedPollInterval = *tunedPoll
 	cfg.TunedBatchSize = *tunedBatch
 	cfg.TunedChannelPool = *tunedPool
@@ -233,8 +235,10 @@ func renderAgain(path, out, readme string, stderr io.Writer) int {
 const (
 	maxReps    = 100
 	maxBacklog = 10_000_000
-	maxLoad    = 1_000_000
-	maxPoll    = 10 * time.Minute
+	// maxPackEvents bounds -relay-pack-events, as the services bound theirs.
+	maxPackEvents = 10_000
+	maxLoad       = 1_000_000
+	maxPoll       = 10 * time.Minute
 	// maxTunedBatch bounds the select batch of the tuned forwarder.
 	maxTunedBatch = 100_000
 	// maxTunedPool is RabbitMQ's default channel_max: a connection opens
@@ -244,7 +248,7 @@ const (
 
 // checkFlags checks the numeric flags against their ranges and returns an
 // error naming the first out of range.
-func checkFlags(reps, backlog int, relayPoll, tunedPoll time.Duration, tunedBatch, tunedPool int) error {
+func checkFlags(reps, backlog, relayPack int, relayPoll, tunedPoll time.Duration, tunedBatch, tunedPool int) error {
 	for _, f := range []struct {
 		name   string
 		value  int
@@ -253,6 +257,7 @@ func checkFlags(reps, backlog int, relayPoll, tunedPoll time.Duration, tunedBatc
 	}{
 		{"-reps", reps, 2, maxReps, ""},
 		{"-backlog", backlog, 0, maxBacklog, " (0: the mode's default)"},
+		{"-relay-pack-events", relayPack, 0, maxPackEvents, " (0: the default)"},
 		{"-tuned-batch", tunedBatch, 1, maxTunedBatch, ""},
 		{"-tuned-pool", tunedPool, 1, maxTunedPool, " (RabbitMQ's default channel_max)"},
 	} {

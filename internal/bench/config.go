@@ -130,6 +130,10 @@ type Config struct {
 	// RelayPollInterval is the poll interval given to relay.New; 0 leaves
 	// each kind's default.
 	RelayPollInterval time.Duration
+	// RelayPackEvents is the pack size given to relay.New
+	// (relay.Config.PackEvents; 1: every event alone); 0 leaves the
+	// default.
+	RelayPackEvents int
 	// TunedPollInterval and TunedBatchSize are the tuned forwarder's poll
 	// interval and select batch size.
 	TunedPollInterval time.Duration
@@ -299,8 +303,8 @@ func (c Config) Validate() error {
 	if c.HoldLoad > 0 && c.HoldTime <= 0 {
 		errs = append(errs, fmt.Errorf("hold time must be positive, got %s", c.HoldTime))
 	}
-	if c.Warmup < 0 || c.RelayPollInterval < 0 {
-		errs = append(errs, errors.New("warmup and relay poll interval must not be negative"))
+	if c.Warmup < 0 || c.RelayPollInterval < 0 || c.RelayPackEvents < 0 {
+		errs = append(errs, errors.New("warmup, relay poll interval and relay pack events must not be negative"))
 	}
 	if c.CapacityShare <= 0 || c.CapacityShare > 1 {
 		errs = append(errs, fmt.Errorf("capacity share must be in (0, 1], got %g", c.CapacityShare))

@@ -133,6 +133,9 @@ func variants(cfg Config) []variant {
 	}
 	for _, kind := range cfg.RelayKinds {
 		description := fmt.Sprintf("relay.New(db, %q, cfg), poll interval %s, woken by RelayWakeUp after each commit", kind, pollText(cfg.RelayPollInterval))
+		if cfg.RelayPackEvents > 0 {
+			description += fmt.Sprintf(", at most %d events per message", cfg.RelayPackEvents)
+		}
 		if kind == relay.KindCDC {
 			description = fmt.Sprintf("relay.New(db, %q, cfg): the Outboxmill relay reading the outbox from a logical replication slot (pgoutput), "+
 				"heartbeat every %s; RelayWakeUp is called after each commit, as for the other kinds", kind, cdcHeartbeatInterval)
@@ -150,6 +153,7 @@ func variants(cfg Config) []variant {
 					AMQPURL:           cfg.AMQPURL,
 					Exchange:          exchange,
 					PollInterval:      cmp.Or(o.pollInterval, cfg.RelayPollInterval),
+					PackEvents:        cfg.RelayPackEvents,
 					NotifyChannel:     o.notifyChannel,
 					HeartbeatInterval: cdcHeartbeatInterval,
 					Metrics:           health,

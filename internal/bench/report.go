@@ -95,6 +95,8 @@ type Settings struct {
 	ConsumerPrefetch int     `json:"consumer_prefetch"`
 	Consumer         string  `json:"consumer"`
 	Stages           bool    `json:"stages"`
+	// RelayPackEvents is the relays' pack size when not their default.
+	RelayPackEvents int `json:"relay_pack_events,omitempty"`
 }
 
 func settingsOf(c Config) Settings {
@@ -105,7 +107,7 @@ func settingsOf(c Config) Settings {
 		E2EWindowS: c.E2EWindow.Seconds(), WarmupS: c.Warmup.Seconds(), Loads: c.Loads,
 		CapacityShare: c.CapacityShare, LatencyWindowS: c.LatencyWindow.Seconds(), IdleWindowS: c.IdleWindow.Seconds(),
 		WakeWindowS: c.WakeWindow.Seconds(), HoldLoad: c.HoldLoad, HoldS: c.HoldTime.Seconds(),
-		ConsumerPrefetch: c.ConsumerPrefetch, Consumer: c.Consumer, Stages: c.Stages,
+		ConsumerPrefetch: c.ConsumerPrefetch, Consumer: c.Consumer, Stages: c.Stages, RelayPackEvents: c.RelayPackEvents,
 	}
 }
 
