@@ -173,6 +173,18 @@ func TestRun(t *testing.T) {
 		if f, ok := report.find(GroupDrain, figDrain(300), "relay/watermill"); ok && f.Median <= 0 {
 			t.Errorf("relay/watermill drained nothing: %+v", f)
 		}
+		// What each drain cost: the broker worked on every event, whoever
+		// published it, and the note names it.
+		for _, v := range []string{"relay/watermill", "relay/cdc"} {
+			f, ok := report.find(GroupDrain, figDrainCPU, v)
+			if !ok || len(f.Samples) != cfg.Reps || !(f.Min > 0) || !strings.Contains(f.Note, termBroker) {
+				t.Errorf("drain cost of %s: %+v (found %v), want %d positive samples with the broker's term in the note", v, f, ok, cfg.Reps)
+			}
+		}
+		// A cdc relay packs the drained backlog, and the drain says so.
+		if f, _ := report.find(GroupDrain, figDrain(300), "relay/cdc"); !strings.Contains(f.Note, "events per message") {
+			t.Errorf("relay/cdc drain note %q does not give the events per message", f.Note)
+		}
 
 		for _, tc := range []struct {
 			group, name string

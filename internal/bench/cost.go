@@ -609,6 +609,39 @@ const (
 	costTermPrefix = "CPU per event: "
 )
 
+// figDrainCPU names the drain's cost figure.
+const figDrainCPU = "drain: CPU per event"
+
+// drainFigures turns the cost samples of a variant's drains into a figure:
+// the CPU time per event published, with the terms (medians, those of at
+// least 1 µs) in its note. While a relay drains, only the relay, its
+// sessions and the broker work: the terms show what a backlog costs each.
+func (m *costMeter) drainFigures(variant string, samples []costSample) []Figure {
+	if len(samples) == 0 {
+		return nil
+	}
+	var totals []float64
+	terms := map[string][]float64{}
+	for _, s := range samples {
+		cpu, total, _, _, _ := s.perEvent()
+		totals = append(totals, total)
+		for t, v := range cpu {
+			terms[t] = append(terms[t], v)
+		}
+	}
+	f := newFigure(GroupDrain, figDrainCPU, variant, "µs/event", totals)
+	var parts []string
+	for _, t := range costTerms {
+		if v := terms[t]; len(v) > 0 {
+			if _, med := summary(v); med >= 1 {
+				parts = append(parts, fmt.Sprintf("%s %.0f", t, med))
+			}
+		}
+	}
+	f.Note = strings.Join(parts, ", ")
+	return []Figure{f}
+}
+
 // figures turns the cost samples of a variant's repetitions into figures:
 // the CPU time per event in all and by term, the WAL, and what went
 // through the broker, per event.

@@ -81,6 +81,7 @@ func (r *runner) measureDrains(ctx context.Context, vs []variant) error {
 	// perMessage holds, for a relay that packed events, the events per
 	// message of each repetition.
 	perMessage := map[string][]float64{}
+	costs := map[string][]costSample{}
 	for rep := 0; rep < r.cfg.Reps; rep++ {
 		for _, v := range relays {
 			if _, ok := r.skipped[v.key]; ok {
@@ -120,6 +121,8 @@ func (r *runner) measureDrains(ctx context.Context, vs []variant) error {
 				r.report.Notes = append(r.report.Notes, fmt.Sprintf("%s: drain rep %d: %s", v.label, rep+1, setAside))
 			}
 			r.progress("drain  %-24s rep %d: %.0f events/s (%s)", v.label, rep+1, rate, status)
+			r.progress("cost   %-24s drain rep %d: %s", v.label, rep+1, res.cost)
+			costs[v.key] = append(costs[v.key], res.cost)
 		}
 	}
 	for _, v := range relays {
@@ -135,6 +138,7 @@ func (r *runner) measureDrains(ctx context.Context, vs []variant) error {
 			f.Note = strings.TrimPrefix(f.Note+fmt.Sprintf("; packs: %.1f events per message", med), "; ")
 		}
 		r.report.Figures = append(r.report.Figures, f)
+		r.report.Figures = append(r.report.Figures, r.costs.drainFigures(v.key, costs[v.key])...)
 	}
 	return nil
 }
@@ -157,6 +161,8 @@ type drainResult struct {
 	// messages is the queue depth after the relay stopped: fewer than the
 	// events when the relay packed them.
 	messages int
+	// cost is what the drain cost, over the events published.
+	cost costSample
 	// stall says, for a drain stopped at DrainMax, what held it back when
 	// it stopped (stallReport).
 	stall string
@@ -173,7 +179,7 @@ func (r *runner) drainOnce(ctx context.Context, v variant, template string) (dra
 		return drainResult{}, err
 	}
 	defer func() { _ = d.drop(context.WithoutCancel(ctx)) }()
-	db, err := postgres.Open(ctx, d.url, relayPoolSize)
+	db, err := postgres.Open(ctx, withApplicationName(d.url, componentRelay), relayPoolSize)
 	if err != nil {
 		return drainResult{}, err
 	}
@@ -194,7 +200,19 @@ func (r *runner) drainOnce(ctx context.Context, v variant, template string) (dra
 	}
 	defer ch.Close()
 
-	rel, err := v.build(db, objs.exchange, buildOptions{})
+	// What the drain costs is read over the same window as its rate.
+	cw, err := r.costs.start(ctx, r.servers.AdminDatabaseURL, d.name)
+	if err != nil {
+		return drainResult{}, err
+	}
+	defer cw.close(ctx)
+	var rel relay.Relay
+	var rr *runningRelay
+	labelled(ctx, componentRelay, func(ctx context.Context) {
+		if rel, err = v.build(db, objs.exchange, buildOptions{}); err == nil {
+			rr = startRelay(ctx, rel)
+		}
+	})
 	if err != nil {
 		return drainResult{}, &buildError{err}
 	}
@@ -207,7 +225,6 @@ func (r *runner) drainOnce(ctx context.Context, v variant, template string) (dra
 		published = func() (int, error) { return int(v.slots.published.Load() - base), nil }
 	}
 	start := time.Now()
-	rr := startRelay(ctx, rel)
 	var res drainResult
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
@@ -219,6 +236,10 @@ func (r *runner) drainOnce(ctx context.Context, v variant, template string) (dra
 		}
 		res = drainResult{enqueued: n, elapsed: time.Since(start)}
 		if n >= r.cfg.Backlog || res.elapsed >= r.cfg.DrainMax {
+			if res.cost, err = cw.stop(ctx, int64(n)); err != nil {
+				_ = rr.stop()
+				return drainResult{}, err
+			}
 			break
 		}
 		select {

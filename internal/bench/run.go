@@ -228,6 +228,9 @@ func (r *runner) finish() {
 				addRatio(f, "limit", "router consumer", ref, ok)
 			}
 		case GroupDrain:
+			if f.Name != figDrain(r.cfg.Backlog) {
+				break
+			}
 			ref, ok := rep.find(GroupLimit, backlogName, "")
 			addRatio(f, "limit", fmt.Sprintf("publishing %d", r.cfg.Backlog), ref, ok)
 			ref, ok = rep.find(GroupLimit, rawName, "")
