@@ -185,6 +185,24 @@ func parseDelivery(t *testing.T, m amqp.Delivery) []delivery {
 	return out
 }
 
+// checkOnceInOrder fails unless every event of got arrived once, and each
+// aggregate's versions in order from 1.
+func checkOnceInOrder(t *testing.T, got []delivery) {
+	t.Helper()
+	seen := map[string]bool{}
+	last := map[string]int{}
+	for _, g := range got {
+		if seen[g.id] {
+			t.Fatalf("event %s delivered twice", g.id)
+		}
+		seen[g.id] = true
+		if g.version != last[g.aggregate]+1 {
+			t.Fatalf("aggregate %s: version %d delivered after %d", g.aggregate, g.version, last[g.aggregate])
+		}
+		last[g.aggregate] = g.version
+	}
+}
+
 // receive collects n events, failing after timeout.
 func receive(t *testing.T, d <-chan amqp.Delivery, n int, timeout time.Duration) []delivery {
 	t.Helper()
@@ -253,19 +271,7 @@ func TestOutboxmill_DeliversEveryEventOnceInAggregateOrder(t *testing.T) {
 			cfg.BatchSize, cfg.InFlight = tc.batchSize, tc.inFlight
 			f.start(cfg)
 			wg.Wait()
-			got := receive(t, d, aggregates*versions, time.Minute)
-			seen := map[string]bool{}
-			last := map[string]int{}
-			for _, g := range got {
-				if seen[g.id] {
-					t.Fatalf("event %s delivered twice", g.id)
-				}
-				seen[g.id] = true
-				if g.version != last[g.aggregate]+1 {
-					t.Fatalf("aggregate %s: version %d delivered after %d", g.aggregate, g.version, last[g.aggregate])
-				}
-				last[g.aggregate] = g.version
-			}
+			checkOnceInOrder(t, receive(t, d, aggregates*versions, time.Minute))
 		})
 	}
 }

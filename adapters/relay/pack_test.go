@@ -47,18 +47,7 @@ func TestOutboxmill_PacksABacklog(t *testing.T) {
 	if len(events) != aggregates*versions {
 		t.Fatalf("%d events, want %d", len(events), aggregates*versions)
 	}
-	seen := map[string]bool{}
-	last := map[string]int{}
-	for _, g := range events {
-		if seen[g.id] {
-			t.Fatalf("event %s delivered twice", g.id)
-		}
-		seen[g.id] = true
-		if g.version != last[g.aggregate]+1 {
-			t.Fatalf("aggregate %s: version %d delivered after %d", g.aggregate, g.version, last[g.aggregate])
-		}
-		last[g.aggregate] = g.version
-	}
+	checkOnceInOrder(t, events)
 	packs := 0
 	for _, m := range msgs {
 		if m.ContentType != rabbitmq.PackContentType {
