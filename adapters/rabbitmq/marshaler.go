@@ -170,15 +170,24 @@ func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 		msg.Metadata[MetaContentType] = PackContentType
 	}
 	if d.ContentType == outbox.EventContentType {
-		if meta, ok := outbox.DerivedMetadata(d.Body); ok {
-			for _, kv := range meta {
-				if _, set := msg.Metadata[kv[0]]; !set {
-					msg.Metadata[kv[0]] = kv[1]
-				}
-			}
-		}
+		addDerived(msg.Metadata, d.Body)
 	}
 	return msg, nil
+}
+
+// addDerived adds to meta the metadata an event's body implies
+// (outbox.DerivedMetadata) that meta does not have yet: a header sent
+// beside the body wins.
+func addDerived(meta message.Metadata, body []byte) {
+	derived, ok := outbox.DerivedMetadata(body)
+	if !ok {
+		return
+	}
+	for _, kv := range derived {
+		if _, set := meta[kv[0]]; !set {
+			meta[kv[0]] = kv[1]
+		}
+	}
 }
 
 // headerText renders an AMQP header value as text.

@@ -7,8 +7,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/outboxmill/outboxmill/adapters/outbox"
 )
 
 // PackContentType is the content type of a pack: one AMQP message carrying
@@ -40,11 +38,7 @@ var ErrMalformedPack = errors.New("malformed pack")
 // each as an unsigned varint length followed by that many bytes.
 type Pack struct {
 	buf []byte
-	n   int
 }
-
-// Reset empties p, keeping its buffer.
-func (p *Pack) Reset() { p.buf, p.n = p.buf[:0], 0 }
 
 // AppendEvent adds an event, its UUID and its body (an event envelope, as
 // outbox.Encode makes it), to p.
@@ -56,11 +50,7 @@ func (p *Pack) AppendEvent(uuid string, body []byte) {
 	p.buf = append(p.buf, uuid...)
 	p.buf = binary.AppendUvarint(p.buf, uint64(len(body)))
 	p.buf = append(p.buf, body...)
-	p.n++
 }
-
-// Len returns how many events p holds.
-func (p *Pack) Len() int { return p.n }
 
 // Size returns the size of p's body so far.
 func (p *Pack) Size() int { return len(p.buf) }
@@ -169,13 +159,7 @@ func Unpack(d amqp.Delivery) ([]*message.Message, error) {
 				msg.Metadata[key] = headerText(value)
 			}
 		}
-		if meta, ok := outbox.DerivedMetadata(ev.Body); ok {
-			for _, kv := range meta {
-				if _, set := msg.Metadata[kv[0]]; !set {
-					msg.Metadata[kv[0]] = kv[1]
-				}
-			}
-		}
+		addDerived(msg.Metadata, ev.Body)
 		msgs[i] = msg
 	}
 	return msgs, nil
@@ -205,13 +189,7 @@ func UnpackMessage(msg *message.Message) []*message.Message {
 				m.Metadata[key] = value
 			}
 		}
-		if meta, ok := outbox.DerivedMetadata(ev.Body); ok {
-			for _, kv := range meta {
-				if _, set := m.Metadata[kv[0]]; !set {
-					m.Metadata[kv[0]] = kv[1]
-				}
-			}
-		}
+		addDerived(m.Metadata, ev.Body)
 		m.SetContext(msg.Context())
 		msgs[i] = m
 	}

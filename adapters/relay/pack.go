@@ -1,6 +1,10 @@
 package relay
 
-import "github.com/outboxmill/outboxmill/adapters/rabbitmq"
+import (
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
+)
 
 // packer gathers ready rows into packs (rabbitmq.PackContentType): one open
 // pack per topic, since a pack is routed as one message. A pack never holds
@@ -16,7 +20,8 @@ type packer struct {
 type openPack struct {
 	topic   string
 	entries []*entry
-	pack    rabbitmq.Pack
+	first   amqp.Publishing // the first row's own message, sent when it stays alone
+	pack    rabbitmq.Pack   // a buffer of its own, handed to the broker as it is
 }
 
 func newPacker(max int) packer { return packer{max: max, byTopic: map[string]*openPack{}} }
@@ -31,22 +36,22 @@ func (p *packer) fits(uuidLen, bodyLen, limit int) bool {
 	return empty.EventSize(uuidLen, bodyLen) <= limit
 }
 
-// add puts e, whose event body is body, in its topic's pack, and returns a
-// pack to publish now, if one is: the topic's pack once full, or the
+// add puts e, whose own message is pub, in its topic's pack, and returns
+// a pack to publish now, if one is: the topic's pack once full, or the
 // topic's former pack when e would have taken it over limit bytes.
-func (p *packer) add(e *entry, body []byte, limit int) *openPack {
+func (p *packer) add(e *entry, pub amqp.Publishing, limit int) *openPack {
 	var out *openPack
 	pk := p.byTopic[e.topic]
-	if pk != nil && pk.pack.Size()+pk.pack.EventSize(len(e.msg.UUID), len(body)) > limit {
+	if pk != nil && pk.pack.Size()+pk.pack.EventSize(len(e.msg.UUID), len(pub.Body)) > limit {
 		out = p.close(pk)
 		pk = nil
 	}
 	if pk == nil {
-		pk = &openPack{topic: e.topic}
+		pk = &openPack{topic: e.topic, first: pub}
 		p.byTopic[e.topic] = pk
 		p.order = append(p.order, pk)
 	}
-	pk.pack.AppendEvent(e.msg.UUID, body)
+	pk.pack.AppendEvent(e.msg.UUID, pub.Body)
 	pk.entries = append(pk.entries, e)
 	if out == nil && len(pk.entries) >= p.max {
 		out = p.close(pk)

@@ -258,7 +258,7 @@ func (s *stream) dispatch(ctx context.Context) error {
 		e.span = s.r.traces.start(e.topic, e.msg)
 		injectHeaders(e.span, &pub, s.frameMax)
 		if s.packable(e, pub) {
-			if full := s.packs.add(e, pub.Body, s.packLimit()); full != nil {
+			if full := s.packs.add(e, pub, s.packLimit()); full != nil {
 				if err := s.publishPack(ctx, full); err != nil {
 					return err
 				}
@@ -299,19 +299,15 @@ func (s *stream) packLimit() int {
 	return limit
 }
 
-// publishPack publishes the rows of p: as a pack, or alone when p holds one.
+// publishPack publishes the rows of p: as a pack, or, when p holds one,
+// as that row's own message.
 func (s *stream) publishPack(ctx context.Context, p *openPack) error {
 	if len(p.entries) == 1 {
-		e := p.entries[0]
-		return s.publish(ctx, p.entries, amqp.Publishing{
-			DeliveryMode: amqp.Persistent, ContentType: outbox.EventContentType, MessageId: e.msg.UUID,
-			Body: e.msg.Payload,
-		})
+		return s.publish(ctx, p.entries, p.first)
 	}
-	body := append([]byte(nil), p.pack.Body()...)
 	return s.publish(ctx, p.entries, amqp.Publishing{
 		DeliveryMode: amqp.Persistent, ContentType: rabbitmq.PackContentType, MessageId: p.entries[0].msg.UUID,
-		Body: body,
+		Body: p.pack.Body(),
 	})
 }
 
