@@ -290,6 +290,12 @@ func Delete(ctx context.Context, url string, t Topology) error {
 // certificate), server_name_indication (default the URL's host). No error
 // of Dial contains the URL's password.
 func Dial(ctx context.Context, url string) (*amqp.Connection, error) {
+	return dialConfig(ctx, url, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
+}
+
+// dialConfig is Dial with amqp091-go's config (its Dial function: how the
+// TCP connection is made).
+func dialConfig(ctx context.Context, url string, config amqp.Config) (*amqp.Connection, error) {
 	uri, err := parseURL(url)
 	if err != nil {
 		return nil, fmt.Errorf("connect to broker: %w", err)
@@ -302,7 +308,7 @@ func Dial(ctx context.Context, url string) (*amqp.Connection, error) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
+		conn, err := amqp.DialConfig(url, config)
 		done <- result{conn, err}
 	}()
 	select {

@@ -223,7 +223,7 @@ func (r *Outboxmill) lead(ctx context.Context) (err error) {
 			}()
 		}
 	}
-	conn, err := rabbitmq.Dial(ctx, r.config.AMQPURL)
+	conn, cork, err := rabbitmq.DialCorked(ctx, r.config.AMQPURL)
 	if err != nil {
 		return err
 	}
@@ -256,7 +256,7 @@ func (r *Outboxmill) lead(ctx context.Context) (err error) {
 
 	// Batches are published as one stream (see stream): while the last
 	// confirms of a batch come back, the next one is already on its way.
-	s, err := newStream(streamCtx, r, l, conn, ch, returns, pos, f)
+	s, err := newStream(streamCtx, r, l, conn, cork, ch, returns, pos, f)
 	if err != nil {
 		return err
 	}

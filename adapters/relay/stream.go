@@ -45,7 +45,8 @@ type stream struct {
 	r        *Outboxmill
 	lease    *lease
 	ch       *amqp.Channel
-	frameMax int // the connection's frame size; 0: unlimited
+	cork     *rabbitmq.Cork // holds a dispatch's publishes back, to send them in one write
+	frameMax int            // the connection's frame size; 0: unlimited
 	returns  <-chan amqp.Return
 	returned map[string]string // message UUID -> why the broker returned it
 	writer   *positionWriter
@@ -114,7 +115,7 @@ func (e *entry) endSpan(failure string) {
 // when done with it.
 // A CDC relay's stream marks its rows through f (see feed.store); a polling
 // relay's f is nil.
-func newStream(ctx context.Context, r *Outboxmill, l *lease, conn *amqp.Connection, ch *amqp.Channel, returns <-chan amqp.Return, pos position, f *feed) (*stream, error) {
+func newStream(ctx context.Context, r *Outboxmill, l *lease, conn *amqp.Connection, cork *rabbitmq.Cork, ch *amqp.Channel, returns <-chan amqp.Return, pos position, f *feed) (*stream, error) {
 	blocked, err := r.loadBlocked(ctx)
 	if err != nil {
 		return nil, err
@@ -122,7 +123,7 @@ func newStream(ctx context.Context, r *Outboxmill, l *lease, conn *amqp.Connecti
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	return &stream{
-		r: r, lease: l, ch: ch, frameMax: conn.Config.FrameSize, returns: returns, returned: map[string]string{},
+		r: r, lease: l, ch: ch, cork: cork, frameMax: conn.Config.FrameSize, returns: returns, returned: map[string]string{},
 		writer: startPositionWriter(r, l, pos, f),
 		queues: map[string][]*entry{}, limit: r.config.InFlight, packs: newPacker(r.config.PackEvents),
 		blocked: blocked, markers: map[string]*entry{}, timer: timer,
@@ -245,6 +246,9 @@ func (s *stream) dispatch(ctx context.Context) error {
 			}
 		}
 	}
+	// The publishes of this dispatch go out together, in one write.
+	s.cork.Cork()
+	defer s.cork.Uncork() //nolint:errcheck // a failed write closes the connection, which run reports
 	for s.flying+s.packs.open() < s.limit && s.ready.Len() > 0 {
 		if err := s.lease.check(); err != nil {
 			return s.fail(err)
