@@ -68,7 +68,9 @@ ids="(SELECT array_agg(gen_random_uuid()::text) FROM generate_series(1, $batch))
 ledger="INSERT INTO settlement_entries (order_id, event_id, kind, amount, currency, occurred_at)
 	SELECT 'ord-' || e, e, k, 100, 'EUR', now() FROM unnest($ids) AS e, unnest(ARRAY['platform_fee', 'merchant_credit']) AS k;"
 markers="INSERT INTO processed_events (event_id, handler) SELECT id, 'settle' FROM unnest($ids) AS id ORDER BY id;"
-# The statement postgres.VersionGuard.QueueBatch sends in monotonic mode.
+# The statement postgres.VersionGuard.QueueBatch sends in monotonic mode (its
+# "true OR EXISTS (...)" filter, always true there, left out). Keep the two in
+# step when the guard's statement changes.
 guard="WITH input AS (
 	SELECT 'Order' AS aggregate_type, id AS aggregate_id, 2 AS first_version, 2 AS last_version FROM unnest($ids) AS id
 ), applied AS (

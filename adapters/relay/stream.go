@@ -246,9 +246,12 @@ func (s *stream) dispatch(ctx context.Context) error {
 			}
 		}
 	}
-	// The publishes of this dispatch go out together, in one write.
-	s.cork.Cork()
-	defer s.cork.Uncork() //nolint:errcheck // a failed write closes the connection, which run reports
+	// The publishes of this dispatch go out together, in one write. (Packs
+	// are flushed at the end of every dispatch: none is open here.)
+	if s.ready.Len() > 0 {
+		s.cork.Cork()
+		defer s.cork.Uncork() //nolint:errcheck // a failed write closes the connection, which run reports
+	}
 	for s.flying+s.packs.open() < s.limit && s.ready.Len() > 0 {
 		if err := s.lease.check(); err != nil {
 			return s.fail(err)
