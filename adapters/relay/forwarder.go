@@ -285,7 +285,7 @@ func (c Config) Validate() error {
 // Forwarder is Watermill's forwarder from the outbox to RabbitMQ.
 type Forwarder struct {
 	fwd       *forwarder.Forwarder
-	publisher *wmamqp.Publisher
+	publisher *repoolingPublisher
 	sub       *wmsql.Subscriber
 	db        *sqlx.DB
 	config    Config
@@ -308,7 +308,9 @@ func NewForwarder(db *sqlx.DB, config Config) (*Forwarder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("relay: outbox subscriber: %w", err)
 	}
-	pub, err := wmamqp.NewPublisher(rabbitmq.PublisherConfig(config.AMQPURL, config.Exchange), logger)
+	pub, err := newRepoolingPublisher(func() (message.Publisher, error) {
+		return wmamqp.NewPublisher(rabbitmq.PublisherConfig(config.AMQPURL, config.Exchange), logger)
+	})
 	if err != nil {
 		_ = sub.Close()
 		return nil, fmt.Errorf("relay: broker publisher: %w", err)
@@ -348,7 +350,7 @@ func (f *Forwarder) Running() <-chan struct{} { return f.fwd.Running() }
 // Close stops forwarding, waiting for the message in flight, and closes the
 // broker connection.
 func (f *Forwarder) Close() error {
-	return errors.Join(f.fwd.Close(), closePublisher(f.publisher), f.sub.Close())
+	return errors.Join(f.fwd.Close(), f.publisher.Close(), f.sub.Close())
 }
 
 // closePublisher closes p, turning a panic into an error: watermill-amqp
