@@ -73,6 +73,16 @@ func TestChaos_RestoreIntoNewCluster(t *testing.T) {
 	retriesBefore := tr.retries.Load()
 	oldURL := sc.stack.OrdersDatabaseURL()
 	oldDB, writer := sc.openOrdersDB()
+	// A statement the killed service sent last may still be running on the
+	// server, whose backend notices the client gone only when it answers:
+	// the relay's last position store could land after the position is
+	// read below, and the dump would hold a later one.
+	waitFor(t, time.Minute, "the killed orders service's sessions to end", func() (bool, error) {
+		var n int
+		err := oldDB.Get(&n, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND backend_type = 'client backend' AND application_name <> $1`, testAppName)
+		return n == 0, err
+	})
 	for range 5 {
 		events, err := writeOrderCommitted(oldDB, writer)
 		if err != nil {
