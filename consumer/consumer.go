@@ -60,6 +60,12 @@ type Config struct {
 	MaxBatch int
 	// Prefetch bounds the deliveries in flight per lane; default 64.
 	Prefetch int
+	// Transactions bounds the handler's lanes in a transaction at once
+	// (KindBatch): a lane waiting for a slot keeps collecting its
+	// deliveries, so a busy database gets fewer and larger transactions;
+	// default rabbitmq.DefaultTransactions. See
+	// rabbitmq.BatchConsumer.Transactions.
+	Transactions int
 	// Retry configures the retries before an event is set aside.
 	Retry middleware.Retry
 	// Metrics receives the handler's results. Required.
@@ -190,8 +196,9 @@ func New(h Handler, cfg Config) (*Consumer, error) {
 			Handle:     c.handleBatch,
 			Statements: c.queueBatch,
 			Fallback:   c.chain,
-			MaxBatch:   cfg.MaxBatch,
-			Prefetch:   cfg.Prefetch,
+			MaxBatch:     cfg.MaxBatch,
+			Prefetch:     cfg.Prefetch,
+			Transactions: cfg.Transactions,
 			OnBatch:    cfg.Metrics.Batched,
 			Logger:     cfg.Logger,
 			Throttle:   c.logs,

@@ -21,6 +21,9 @@ const (
 	// place, holding its lane, and a message that failed a hundred times is
 	// better set aside.
 	maxRetries = 100
+	// maxTransactions bounds -transactions: more slots than lanes bound
+	// nothing, and no handler has that many lanes.
+	maxTransactions = 65535
 	// maxPackEvents bounds -relay-pack-events.
 	maxPackEvents = 10000
 	// maxDBConns is PostgreSQL's largest max_connections.
@@ -60,6 +63,7 @@ func (c Config) limits() []limit {
 	return []limit{
 		n("-prefetch", c.Prefetch, 1, maxPrefetch, "the AMQP prefetch count is 16 bits, and 0 (unlimited) is not offered"),
 		n("-batch", c.MaxBatch, 1, maxPrefetch, "a batch is at most the prefetch"),
+		n("-transactions", c.Transactions, 1, maxTransactions, ""),
 		n("-max-retries", c.Retry.MaxRetries, 1, maxRetries, "each retry holds its lane; set a message that keeps failing aside"),
 		d("-relay-poll-interval", c.RelayPollInterval, time.Millisecond, 10*time.Minute, ""),
 		d("-relay-lease-timeout", c.RelayLeaseTimeout, time.Second, 10*time.Minute, ""),

@@ -181,6 +181,7 @@ func Main(c Command, args []string, stderr io.Writer) int {
 	fs.DurationVar(&cfg.StuckAfter, "stuck-after", stuckDefault, "age past which an unforwarded outbox event is reported stuck, 1s..720h (env STUCK_AFTER)")
 	fs.StringVar(&cfg.Consumer, "consumer", consumer.KindBatch, "how handlers consume their lanes: batch (a lane's waiting deliveries in one transaction) or router (Watermill router, a transaction per message)")
 	fs.IntVar(&cfg.MaxBatch, "batch", rabbitmq.DefaultMaxBatch, "batch consumer: messages of a lane handled in one transaction at most, 1..-prefetch")
+	fs.IntVar(&cfg.Transactions, "transactions", rabbitmq.DefaultTransactions, "batch consumer: lanes of a handler in a transaction at once, 1..65535; a lane waiting for one keeps collecting its deliveries, so a busy database gets fewer, larger transactions")
 	fs.IntVar(&cfg.Prefetch, "prefetch", 64, "deliveries in flight to each lane's consumer, 1..65535 (the AMQP prefetch count)")
 	fs.IntVar(&cfg.Retry.MaxRetries, "max-retries", 4, "retries of a failing message before it is set aside, 1..100")
 	fs.IntVar(&cfg.MaxDBConns, "db-max-conns", envInt("DB_MAX_CONNS", defaultMaxDBConns),

@@ -103,6 +103,10 @@ type Config struct {
 	MaxBatch int
 	// Prefetch bounds the deliveries in flight to each lane; default 64.
 	Prefetch int
+	// Transactions bounds each handler's lanes in a transaction at once
+	// (batch consumer; Main: -transactions); default
+	// rabbitmq.DefaultTransactions.
+	Transactions int
 	// Retry configures the handlers' retries before an event is set aside.
 	Retry middleware.Retry
 	// MaxDBConns bounds each database pool (Main: -db-max-conns,
@@ -163,6 +167,9 @@ func (c *Config) setDefaults() {
 	if c.Prefetch == 0 {
 		c.Prefetch = 64
 	}
+	if c.Transactions == 0 {
+		c.Transactions = rabbitmq.DefaultTransactions
+	}
 	if c.MaxDBConns == 0 {
 		c.MaxDBConns = defaultMaxDBConns
 	}
@@ -189,7 +196,7 @@ func (c *Config) setDefaults() {
 // Validate checks the configuration, after defaults are applied, against
 // the set. Numeric settings must lie in the ranges the code and the
 // libraries beneath accept: Prefetch 1..65535 (an AMQP prefetch count is
-// 16 bits), MaxBatch 1..Prefetch, Retry.MaxRetries up to 100,
+// 16 bits), MaxBatch 1..Prefetch, Transactions 1..65535, Retry.MaxRetries up to 100,
 // RelayPollInterval 1ms..10m, RelayLeaseTimeout 1s..10m, StuckAfter
 // 1s..30 days, the retention and dedup window 1m..10 years, the retention
 // interval 1s..30 days, MaxDBConns up to 262143, ShutdownTimeout up to 1h
@@ -444,7 +451,7 @@ func New(ctx context.Context, set Set, config Config) (p *Process, err error) {
 			c, err := consumer.New(h, consumer.Config{
 				DB: db, Registry: p.registry, Outbox: writer, Listener: listener,
 				AMQPURL: config.AMQPURL, Queues: names.Queues(h),
-				Kind: config.Consumer, MaxBatch: config.MaxBatch, Prefetch: config.Prefetch,
+				Kind: config.Consumer, MaxBatch: config.MaxBatch, Prefetch: config.Prefetch, Transactions: config.Transactions,
 				Retry: config.Retry, Metrics: consumerMetrics.Handler(h.Name),
 				CloseTimeout: config.ShutdownTimeout, Logger: config.Logger,
 				TracerProvider: config.TracerProvider,

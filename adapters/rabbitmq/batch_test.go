@@ -80,8 +80,14 @@ func newBatchFixtureOf(t *testing.T, lanes int, queueType string) *batchFixture 
 // generated event id of the i-th message of a queue when it returns true.
 func (f *batchFixture) publish(n int, id func(queue string, i int) (string, bool)) {
 	f.t.Helper()
+	f.publishTo(f.queues, n, id)
+}
+
+// publishTo is publish to queues alone.
+func (f *batchFixture) publishTo(queues []string, n int, id func(queue string, i int) (string, bool)) {
+	f.t.Helper()
 	var confirms []*amqp.DeferredConfirmation
-	for _, q := range f.queues {
+	for _, q := range queues {
 		for i := range n {
 			eventID := fmt.Sprintf("%s/%06d", q, len(f.sent[q]))
 			if id != nil {
@@ -583,6 +589,55 @@ func TestBatchConsumer_StopsAfterTheBatchInHand(t *testing.T) {
 	f.checkEffects(f.sent)
 }
 
+// With one transaction slot, a lane whose batch is in a transaction keeps
+// every other lane out of one until it commits; the waiting lane then
+// handles what reached it meanwhile, in order.
+func TestBatchConsumer_BoundsTheLanesInATransaction(t *testing.T) {
+	t.Parallel()
+	f := newBatchFixture(t, 2)
+	a, b := f.queues[0], f.queues[1]
+	entered := make(chan string, 4)
+	gate := make(chan struct{})
+	c := f.consumer(amqpURL())
+	c.Transactions, c.MaxBatch, c.Linger = 1, 4, time.Minute // batches close when full
+	statements := c.Statements
+	c.Statements = func(ctx context.Context, tx *pgbatch.Tx, msgs []*message.Message) error {
+		lane := msgs[0].Metadata.Get("lane")
+		entered <- lane
+		if lane == a {
+			<-gate
+		}
+		return statements(ctx, tx, msgs)
+	}
+	f.run(c)
+	open := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(open) // before the consumer stops, should the test fail
+	f.publishTo([]string{a}, 4, nil)
+	if lane := <-entered; lane != a {
+		t.Fatalf("lane %s entered a transaction first, want %s", lane, a)
+	}
+	// Lane a holds the only slot: b's deliveries reach the consumer, and b
+	// stays out of a transaction.
+	f.publishTo([]string{b}, 4, nil)
+	f.waitUntil("lane b's deliveries in the consumer", func() bool { return queueLen(t, f.pub, b) == 0 })
+	select {
+	case lane := <-entered:
+		t.Fatalf("lane %s entered a transaction while lane %s held the only slot", lane, a)
+	case <-time.After(200 * time.Millisecond):
+	}
+	open()
+	f.waitEffects(8)
+	if lane := <-entered; lane != b {
+		t.Fatalf("lane %s entered a transaction, want %s", lane, b)
+	}
+	f.checkEffects(f.sent)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !slices.Equal(f.batches, []int{4, 4}) {
+		t.Errorf("batches %v, want [4 4]: each lane's deliveries in one transaction", f.batches)
+	}
+}
+
 func TestBatchConsumer_Validate(t *testing.T) {
 	db := &sqlx.DB{}
 	valid := func() *rabbitmq.BatchConsumer {
@@ -607,6 +662,7 @@ func TestBatchConsumer_Validate(t *testing.T) {
 		{"no dedup database", func(c *rabbitmq.BatchConsumer) { c.Dedup.DB = nil }, "dedup: no database"},
 		{"no handler", func(c *rabbitmq.BatchConsumer) { c.Handle = nil }, "needs a batch handler"},
 		{"negative linger", func(c *rabbitmq.BatchConsumer) { c.Linger = -time.Second }, "must not be negative"},
+		{"negative transactions", func(c *rabbitmq.BatchConsumer) { c.Transactions = -1 }, "must not be negative"},
 		{"batch above prefetch", func(c *rabbitmq.BatchConsumer) { c.MaxBatch, c.Prefetch = 10, 5 }, "batches of 10 cannot fill with 5"},
 	} {
 		c := valid()

@@ -25,15 +25,17 @@ import (
 const floorBatch = 32
 
 // floorConsumer is the consumer of the cost floor. It reads the lane queues
-// as the batch consumer does (a channel per lane, the same prefetch, up to
-// floorBatch deliveries of a lane arriving within the same linger in one
-// round trip) and books each
+// as the batch consumer does (a channel per lane, the same prefetch, at
+// most rabbitmq.DefaultTransactions lanes in a transaction at once, up to
+// floorBatch deliveries of a lane arriving by the end of the linger after
+// its slot in one round trip) and books each
 // event's ledger entries with the same statement, but without any of the
 // framework's work: no dedup marker, no version guard, no set-aside. A
 // redelivered event would be booked twice, so it is a measuring stick, not
 // a consumer to run.
 type floorConsumer struct {
 	conn   *amqp.Connection
+	slots  chan struct{} // as the batch consumer's transaction slots
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	mu     sync.Mutex
@@ -48,7 +50,7 @@ func startFloorConsumer(ctx context.Context, db *sqlx.DB, amqpURL string, names 
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	c := &floorConsumer{conn: conn, cancel: cancel}
+	c := &floorConsumer{conn: conn, cancel: cancel, slots: make(chan struct{}, rabbitmq.DefaultTransactions)}
 	for _, queue := range names.Queues(settleHandler()) {
 		ch, err := conn.Channel()
 		if err == nil {
@@ -93,8 +95,9 @@ func (c *floorConsumer) lane(ctx context.Context, db *sqlx.DB, deliveries <-chan
 		if !open {
 			return nil
 		}
-		// As the batch consumer does: the deliveries that arrive within
-		// its linger after the first.
+		// As the batch consumer does: a transaction slot, then the
+		// deliveries that arrive within its linger after it.
+		c.slots <- struct{}{}
 		batch := []amqp.Delivery{first}
 		linger := time.NewTimer(rabbitmq.DefaultLinger)
 	collect:
@@ -114,15 +117,19 @@ func (c *floorConsumer) lane(ctx context.Context, db *sqlx.DB, deliveries <-chan
 		for i, d := range batch {
 			p, err := floorPosting(d)
 			if err != nil {
+				<-c.slots
 				return err
 			}
 			ids[i], postings[i] = p.EventID, p
 		}
 		var tx pgbatch.Tx
 		if err := settlementstore.Book(ctx, postgres.Deferred(&tx), postings...); err != nil {
+			<-c.slots
 			return fmt.Errorf("floor consumer: %w", err)
 		}
-		if err := tx.Commit(ctx, db); err != nil {
+		err := tx.Commit(ctx, db)
+		<-c.slots
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
