@@ -2,16 +2,19 @@ package outboxtest
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"reflect"
 	"regexp"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jmoiron/sqlx"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
@@ -131,7 +134,9 @@ var producerCases = []producerCase{
 //   - concurrent changes of one aggregate never commit two events with the
 //     same aggregate version (optimistic concurrency): as many changes
 //     commit as calls succeed, each in a transaction of its own, and the
-//     versions stay consecutive.
+//     versions stay consecutive. The contract holds the outbox table
+//     while the changes start, until none can go on without it, so that
+//     they overlap however they are scheduled.
 func ProducerContract(t *testing.T, p Producer) {
 	t.Helper()
 	p.setDefaults()
@@ -142,6 +147,75 @@ func ProducerContract(t *testing.T, p Producer) {
 	e := producerEnv{p: p, db: db, rt: db.Runtime(t, p.Module)}
 	for _, c := range producerCases {
 		t.Run(c.name, func(t *testing.T) { c.run(t, e) })
+	}
+}
+
+// outboxGate holds the outbox table of a module so that no change can
+// commit events until it opens.
+type outboxGate struct {
+	conn *sql.Conn
+	pool *sqlx.DB
+}
+
+// holdOutbox locks the module's outbox table in SHARE mode in a
+// transaction of the kit's own: every insert into it waits, after its
+// change has read the aggregate and run its business statements.
+func (e producerEnv) holdOutbox(t testing.TB) *outboxGate {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := e.db.DB.Conn(ctx)
+	if err == nil {
+		if _, err = conn.ExecContext(ctx, `BEGIN`); err == nil {
+			_, err = conn.ExecContext(ctx, `LOCK TABLE `+e.p.Module.Outbox().Table()+` IN SHARE MODE`)
+		}
+		if err != nil {
+			_ = conn.Close()
+		}
+	}
+	if err != nil {
+		t.Fatalf("outboxtest: producer: hold the outbox to make changes overlap: %v", err)
+	}
+	return &outboxGate{conn: conn, pool: e.db.DB}
+}
+
+// openWhenStuck waits until none of n concurrent changes can go on
+// without the outbox (each has finished, or waits for a lock: the outbox
+// or a row another change holds; or every connection of the pool but the
+// gate's is taken by such a change), then opens the gate. So every change
+// that waits read the aggregate before any change committed: a producer
+// without a version check commits the same version twice, whatever the
+// scheduling of its goroutines.
+func (g *outboxGate) openWhenStuck(t testing.TB, n int, finished *atomic.Int64) {
+	t.Helper()
+	ctx := context.Background()
+	defer func() {
+		_, _ = g.conn.ExecContext(ctx, `COMMIT`)
+		_ = g.conn.Close()
+	}()
+	limit := n
+	if max := g.pool.Stats().MaxOpenConnections; max > 0 {
+		limit = min(n, max-1)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		// The gate's transaction would read the activity as of its first
+		// look: each look clears that snapshot first.
+		var waiting int
+		if _, err := g.conn.ExecContext(ctx, `SELECT pg_stat_clear_snapshot()`); err != nil {
+			t.Fatalf("outboxtest: producer: watch the concurrent changes: %v", err)
+		}
+		if err := g.conn.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`).Scan(&waiting); err != nil {
+			t.Fatalf("outboxtest: producer: watch the concurrent changes: %v", err)
+		}
+		done := int(finished.Load())
+		if done == n || waiting >= min(n-done, limit) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("outboxtest: producer: after 1 min, %d of %d concurrent changes finished and %d wait for a lock; the others neither finish nor wait while the outbox is held", done, n, waiting)
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
 }
 
@@ -364,16 +438,20 @@ func testConcurrent(t testing.TB, e producerEnv) {
 			e.change(t, id, k)
 		}
 		w := e.db.Watch(t, e.p.Module)
+		gate := e.holdOutbox(t)
 		start := make(chan struct{})
 		errs := make([]error, e.p.Concurrency)
+		var finished atomic.Int64
 		var wg sync.WaitGroup
 		for i := range errs {
 			wg.Go(func() {
 				<-start
 				errs[i] = e.p.Change(context.Background(), e.rt, id, n)
+				finished.Add(1)
 			})
 		}
 		close(start)
+		gate.openWhenStuck(t, e.p.Concurrency, &finished)
 		wg.Wait()
 		succeeded := 0
 		for _, err := range errs {
