@@ -113,8 +113,7 @@ const (
 	// transaction at once: one batch's commit is being flushed while the
 	// next one is sent. Measured in docs/bench.md ("Transaction slots"),
 	// it cut the PostgreSQL work of the benchmark's consumer per event by
-	// about two fifths against a transaction per lane, at the same
-	// consumer limit and latency.
+	// about half against a slot per lane, with the same consumer limit.
 	DefaultTransactions = 2
 )
 
