@@ -190,18 +190,18 @@ func New(h Handler, cfg Config) (*Consumer, error) {
 	c.dedup = postgres.Dedup{DB: cfg.DB, Handler: h.Name, OnDuplicate: c.duplicate, OnProcessed: c.processed}
 	if cfg.Kind == KindBatch {
 		c.batch = &rabbitmq.BatchConsumer{
-			URL:        cfg.AMQPURL,
-			Queues:     cfg.Queues,
-			Dedup:      c.dedup,
-			Handle:     c.handleBatch,
-			Statements: c.queueBatch,
-			Fallback:   c.chain,
+			URL:          cfg.AMQPURL,
+			Queues:       cfg.Queues,
+			Dedup:        c.dedup,
+			Handle:       c.handleBatch,
+			Statements:   c.queueBatch,
+			Fallback:     c.chain,
 			MaxBatch:     cfg.MaxBatch,
 			Prefetch:     cfg.Prefetch,
 			Transactions: cfg.Transactions,
-			OnBatch:    cfg.Metrics.Batched,
-			Logger:     cfg.Logger,
-			Throttle:   c.logs,
+			OnBatch:      cfg.Metrics.Batched,
+			Logger:       cfg.Logger,
+			Throttle:     c.logs,
 		}
 		if err := c.batch.Validate(); err != nil {
 			return nil, err
