@@ -25,6 +25,14 @@ import (
 // AMQP message of the Outboxmill relay carries.
 const DefaultPackEvents = 32
 
+// DefaultReadInterval is the default Config.ReadInterval: while commits
+// stream in, the Outboxmill relay reads the outbox at most once per 3 ms.
+// Reads further apart find more rows each, so more of them share an AMQP
+// message (a pack) and a write to the broker, which charges mostly per
+// message and per wake-up; each event waits up to that much longer under
+// load (docs/bench.md, "Reads 3 ms apart").
+const DefaultReadInterval = 3 * time.Millisecond
+
 // Config configures a relay. Fields marked (outboxmill) apply to the
 // Outboxmill relay only.
 type Config struct {
@@ -50,7 +58,7 @@ type Config struct {
 	// batch: commits that come faster are read together, one query per
 	// interval, instead of one query per wake-up. A read that found nothing
 	// does not hold back the next. It adds up to this much delay under
-	// load. Default 1 ms; negative disables it.
+	// load. Default DefaultReadInterval (3 ms); negative disables it.
 	ReadInterval time.Duration
 	// BatchSize (outboxmill) is how many rows one read takes. Default 2000.
 	BatchSize int
@@ -211,7 +219,7 @@ func (c *Config) setDefaults() {
 		c.ConfirmTimeout = 30 * time.Second
 	}
 	if c.ReadInterval == 0 {
-		c.ReadInterval = time.Millisecond
+		c.ReadInterval = DefaultReadInterval
 	}
 	if c.PositionInterval == 0 {
 		c.PositionInterval = 20 * time.Millisecond

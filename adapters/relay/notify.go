@@ -17,11 +17,11 @@ import (
 const DefaultNotifyChannel = "outboxmill_outbox"
 
 // NotifyInterval is the least time between the starts of two notifications
-// of one Notifier. A relay reads at most once a ReadInterval (1 ms by
-// default) while commits stream in, so faster notifications would wake it
-// for nothing, and each one is a transaction of its own, which takes a
-// transaction id and is serialised with every other notifying commit.
-const NotifyInterval = time.Millisecond
+// of one Notifier: the relay's DefaultReadInterval. A relay reads at most
+// once a ReadInterval while commits stream in, so faster notifications would
+// wake it for nothing, and each one is a transaction of its own, which takes
+// a transaction id and is serialised with every other notifying commit.
+const NotifyInterval = DefaultReadInterval
 
 // Notifier wakes relays in other processes after a producer's commit. It
 // implements app.CommitListener: EventsCommitted never blocks and never runs

@@ -758,8 +758,9 @@ const (
 	wakePoll = "1 ms poll"
 )
 
-// wakePollInterval is the poll interval of the wakePoll arm: the outboxmill
-// relay's default ReadInterval, the least time between two of its reads.
+// wakePollInterval is the poll interval of the wakePoll arm: 1 ms, as
+// often as a woken relay read before its default ReadInterval became 3 ms,
+// so that the arm stays comparable with the runs before.
 const wakePollInterval = time.Millisecond
 
 // measureWake measures, for each relay kind, the producers' commit rate
