@@ -91,6 +91,9 @@ func TestMain_FlagLimits(t *testing.T) {
 		{"poll interval 0", []string{"-relay-poll-interval", "0s"}, nil, 1, "-relay-poll-interval 0s is outside 1ms..10m"},
 		{"poll interval from the environment", nil, map[string]string{"RELAY_POLL_INTERVAL": "24h"}, 1, "-relay-poll-interval 24h is outside 1ms..10m"},
 		{"lease timeout", []string{"-relay-lease-timeout", "0s"}, nil, 1, "-relay-lease-timeout 0s is outside 1s..10m"},
+		{"read interval 0", []string{"-relay-read-interval", "0s"}, nil, 1, "-relay-read-interval 0s is outside 1ms..1s"},
+		{"read interval from the environment", nil, map[string]string{"RELAY_READ_INTERVAL": "2s"}, 1, "-relay-read-interval 2s is outside 1ms..1s"},
+		{"malformed read interval in the environment", nil, map[string]string{"RELAY_READ_INTERVAL": "fast"}, 1, `RELAY_READ_INTERVAL: want a duration such as 250ms or 1m30s, got "fast"`},
 		{"stuck after 0", []string{"-stuck-after", "0s"}, nil, 1, "-stuck-after 0s is outside 1s..720h"},
 		{"stuck after from the environment", nil, map[string]string{"STUCK_AFTER": "-5m"}, 1, "-stuck-after -5m must not be negative"},
 		{"outbox retention 0", []string{"-outbox-retention", "0s"}, nil, 1, "-outbox-retention 0s is outside 1m..87600h"},
@@ -101,7 +104,7 @@ func TestMain_FlagLimits(t *testing.T) {
 		{"idempotency key window from the environment", nil, map[string]string{orders.WindowEnv: "1000h"}, 1, "IDEMPOTENCY_KEY_WINDOW: idempotency key window 1000h0m0s: want between"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, k := range []string{"RELAY_POLL_INTERVAL", "STUCK_AFTER", "RELAY_LEASE_TIMEOUT", "OUTBOX_RETENTION", "DEDUP_WINDOW", "RETENTION_INTERVAL", "DB_MAX_CONNS", "RELAY_PACK_EVENTS",
+			for _, k := range []string{"RELAY_POLL_INTERVAL", "STUCK_AFTER", "RELAY_LEASE_TIMEOUT", "OUTBOX_RETENTION", "DEDUP_WINDOW", "RETENTION_INTERVAL", "DB_MAX_CONNS", "RELAY_PACK_EVENTS", "RELAY_READ_INTERVAL",
 				orders.WindowEnv, "MODULES", "OUTBOXMILL_NAMESPACE", "ACCOUNTS_DATABASE_URL", "ORDERS_DATABASE_URL"} {
 				t.Setenv(k, "")
 			}

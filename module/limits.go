@@ -67,6 +67,7 @@ func (c Config) limits() []limit {
 		n("-max-retries", c.Retry.MaxRetries, 1, maxRetries, "each retry holds its lane; set a message that keeps failing aside"),
 		d("-relay-poll-interval", c.RelayPollInterval, time.Millisecond, 10*time.Minute, ""),
 		d("-relay-lease-timeout", c.RelayLeaseTimeout, time.Second, 10*time.Minute, ""),
+		d("-relay-read-interval", c.RelayReadInterval, time.Millisecond, time.Second, ""),
 		n("-relay-pack-events", c.RelayPackEvents, 1, maxPackEvents, "a pack's body is bounded to 64 KiB anyway"),
 		d("-stuck-after", c.StuckAfter, time.Second, 30*24*time.Hour, ""),
 		d("-outbox-retention", c.Retention.OutboxRetention, time.Minute, maxRetention, ""),

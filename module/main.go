@@ -42,8 +42,9 @@ type Command struct {
 // HTTP server's bounds (-http-read-timeout, -http-write-timeout,
 // -http-idle-timeout, -http-max-requests, -http-public-endpoint), -namespace
 // (OUTBOXMILL_NAMESPACE), -queue-type (QUEUE_TYPE), the relay's
-// (-relay, -relay-kind, -relay-notify, -relay-poll-interval, -relay-lease-timeout,
-// -stuck-after), the consumers' (-consumer, -batch, -prefetch,
+// (-relay, -relay-kind, -relay-notify, -relay-poll-interval,
+// -relay-read-interval, -relay-lease-timeout, -stuck-after), the
+// consumers' (-consumer, -batch, -prefetch,
 // -max-retries), retention's, -log-level and each module's own
 // (Module.Flags). Run the command with -h for the list. A numeric flag
 // outside the range Config.Validate states, 0 included, is refused naming
@@ -177,6 +178,7 @@ func Main(c Command, args []string, stderr io.Writer) int {
 		fmt.Sprintf("most events one AMQP message of the relay carries, 1..%d; 1 publishes each alone, for consumers of a version before packs (env RELAY_PACK_EVENTS)", maxPackEvents))
 	fs.BoolVar(&notify, "relay-notify", notify, "wake relays in other instances with a PostgreSQL notification after each commit (env RELAY_NOTIFY=true|false)")
 	fs.DurationVar(&cfg.RelayPollInterval, "relay-poll-interval", pollDefault, "how often the relay polls an empty outbox, 1ms..10m (env RELAY_POLL_INTERVAL)")
+	fs.DurationVar(&cfg.RelayReadInterval, "relay-read-interval", envDuration("RELAY_READ_INTERVAL", relayadapter.DefaultReadInterval), "least time between two reads of the outboxmill relay that find rows while commits stream in, 1ms..1s: longer costs less per event and adds up to that much delay (env RELAY_READ_INTERVAL)")
 	fs.DurationVar(&cfg.RelayLeaseTimeout, "relay-lease-timeout", envDuration("RELAY_LEASE_TIMEOUT", 5*time.Second), "how long a frozen or partitioned active relay keeps the outbox before a standby takes over, 1s..10m (env RELAY_LEASE_TIMEOUT)")
 	fs.DurationVar(&cfg.StuckAfter, "stuck-after", stuckDefault, "age past which an unforwarded outbox event is reported stuck, 1s..720h (env STUCK_AFTER)")
 	fs.StringVar(&cfg.Consumer, "consumer", consumer.KindBatch, "how handlers consume their lanes: batch (a lane's waiting deliveries in one transaction) or router (Watermill router, a transaction per message)")

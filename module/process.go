@@ -74,6 +74,13 @@ type Config struct {
 	// keeps its outbox stream before a standby takes over (see
 	// relay.Config.LeaseTimeout). Default 5 s.
 	RelayLeaseTimeout time.Duration
+	// RelayReadInterval is the least time between two reads of an
+	// Outboxmill relay that find rows while commits stream in
+	// (relay.Config.ReadInterval; Main: -relay-read-interval,
+	// RELAY_READ_INTERVAL): longer reads fewer times, in larger packs, at
+	// a lower cost per event and up to this much more delay. Default
+	// relay.DefaultReadInterval (3 ms).
+	RelayReadInterval time.Duration
 	// RelayPackEvents is the most events one AMQP message of an Outboxmill
 	// or cdc relay carries (relay.Config.PackEvents; Main:
 	// -relay-pack-events, RELAY_PACK_EVENTS); 1 publishes every event
@@ -197,7 +204,8 @@ func (c *Config) setDefaults() {
 // the set. Numeric settings must lie in the ranges the code and the
 // libraries beneath accept: Prefetch 1..65535 (an AMQP prefetch count is
 // 16 bits), MaxBatch 1..Prefetch, Transactions 1..65535, Retry.MaxRetries up to 100,
-// RelayPollInterval 1ms..10m, RelayLeaseTimeout 1s..10m, StuckAfter
+// RelayPollInterval 1ms..10m, RelayLeaseTimeout 1s..10m,
+// RelayReadInterval 1ms..1s, StuckAfter
 // 1s..30 days, the retention and dedup window 1m..10 years, the retention
 // interval 1s..30 days, MaxDBConns up to 262143, ShutdownTimeout up to 1h
 // and Retention.BatchSize up to 100000; the error names a setting by its
@@ -551,6 +559,7 @@ func (p *Process) relay(db, relayDB *sqlx.DB, box outbox.Config, exchange string
 			Exchange:     exchange,
 			PollInterval: c.RelayPollInterval,
 			LeaseTimeout: c.RelayLeaseTimeout,
+			ReadInterval: c.RelayReadInterval,
 			PackEvents:   c.RelayPackEvents,
 			RequireRoute: func(topic string) bool {
 				routed := routes(topic)
