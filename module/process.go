@@ -75,8 +75,9 @@ type Config struct {
 	// relay.Config.LeaseTimeout). Default 5 s.
 	RelayLeaseTimeout time.Duration
 	// RelayReadInterval is the least time between two reads of an
-	// Outboxmill relay that find rows while commits stream in
-	// (relay.Config.ReadInterval; Main: -relay-read-interval,
+	// Outboxmill relay that find rows while commits stream in, and between
+	// two batches a cdc relay hands over (relay.Config.ReadInterval; Main:
+	// -relay-read-interval,
 	// RELAY_READ_INTERVAL): longer reads fewer times, in larger packs, at
 	// a lower cost per event and up to this much more delay. Default
 	// relay.DefaultReadInterval (3 ms).

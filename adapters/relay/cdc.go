@@ -698,6 +698,12 @@ func (f *feed) stream(ctx context.Context, msgs <-chan walMessage, out chan<- ba
 		inTx     []row // of the transaction being received
 		open     bool  // between a Begin and its Commit
 		lastTick time.Time
+		// The rows streaming in are handed over at most once a
+		// ReadInterval, paced as the polling relay's reads are: a batch
+		// handed over holds the next one back until the interval is over,
+		// unless either is full.
+		pacer = readPacer{interval: f.r.config.ReadInterval}
+		held  <-chan time.Time
 	)
 	tick := func(lsn uint64) {
 		if open || time.Since(lastTick) < f.r.config.StatusInterval {
@@ -717,15 +723,23 @@ func (f *feed) stream(ctx context.Context, msgs <-chan walMessage, out chan<- ba
 		}
 		if len(pending) == 0 {
 			outc = nil
+		} else if wait := pacer.wait(time.Now()); wait > 0 && len(pending) < f.r.config.BatchSize {
+			outc = nil
+			if held == nil {
+				held = time.After(wait)
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-held:
+			held = nil
 		case <-status.C:
 			if err := f.sendStatus(false); err != nil {
 				return err
 			}
 		case outc <- batch{rows: pending}:
+			pacer.read(time.Now(), len(pending), len(pending) >= f.r.config.BatchSize, false)
 			pending = nil
 		case m := <-in:
 			if m.err != nil {

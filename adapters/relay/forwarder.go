@@ -26,7 +26,8 @@ import (
 const DefaultPackEvents = 32
 
 // DefaultReadInterval is the default Config.ReadInterval: while commits
-// stream in, the Outboxmill relay reads the outbox at most once per 3 ms.
+// stream in, the Outboxmill relay reads the outbox at most once per 3 ms
+// (a cdc relay hands over what its stream brought at most as often).
 // Reads further apart find more rows each, so more of them share an AMQP
 // message (a pack) and a write to the broker, which charges mostly per
 // message and per wake-up; each event waits up to that much longer under
@@ -52,13 +53,16 @@ type Config struct {
 	// rows that were committed behind an older open transaction; the wait
 	// doubles up to PollInterval. Default 5 ms.
 	MinPollInterval time.Duration
-	// ReadInterval (outboxmill) is the least time between the start of a
-	// read of the outbox that found rows (or rows waiting behind an older
-	// open transaction) and the next read, unless the first read filled a
+	// ReadInterval is the least time between the start of a read of the
+	// outbox that found rows (or rows waiting behind an older open
+	// transaction) and the next read, unless the first read filled a
 	// batch: commits that come faster are read together, one query per
 	// interval, instead of one query per wake-up. A read that found nothing
-	// does not hold back the next. It adds up to this much delay under
-	// load. Default DefaultReadInterval (3 ms); negative disables it.
+	// does not hold back the next. A cdc relay hands the rows its stream
+	// brings over to the publisher at most once an interval in the same
+	// way. It adds up to this much delay under load. Default
+	// DefaultReadInterval (3 ms); negative disables it. The watermill kind
+	// ignores it.
 	ReadInterval time.Duration
 	// BatchSize (outboxmill) is how many rows one read takes. Default 2000.
 	BatchSize int
