@@ -2,6 +2,7 @@ package instance
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -242,7 +243,10 @@ func TestRabbitCluster_NodeLoss(t *testing.T) {
 			dirs = append(dirs, r.Dir)
 		}
 		// Declared through the first node, the quorum queue's leader is
-		// there; its members are all three nodes.
+		// there; its members are all three nodes, each started before the
+		// test goes on.
+		declare(t, nodes[0].URL(), "kept-quorum", amqp.Table{"x-queue-type": "quorum"})
+		membersOnline(t, nodes[0], "kept-quorum", 3)
 		publish(t, nodes[0].URL(), "kept-quorum", amqp.Table{"x-queue-type": "quorum"}, "before the loss")
 		nodes[0].Kill(t)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -269,11 +273,80 @@ func TestRabbitCluster_NodeLoss(t *testing.T) {
 	}
 }
 
+// declare declares the durable queue (with args).
+func declare(t *testing.T, url, queue string, args amqp.Table) {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, args); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// membersOnline waits until the quorum queue has a leader and n members
+// online, as r sees it.
+func membersOnline(t *testing.T, r *Rabbit, queue string, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var last string
+	for {
+		out, err := r.ctl(ctx, "list_queues", "name", "leader", "online", "--formatter", "json")
+		last = fmt.Sprintf("%s (%v)", out, err)
+		var queues []struct {
+			Name   string   `json:"name"`
+			Leader string   `json:"leader"`
+			Online []string `json:"online"`
+		}
+		if err == nil && json.Unmarshal([]byte(out), &queues) == nil {
+			for _, q := range queues {
+				if q.Name == queue && q.Leader != "" && len(q.Online) == n {
+					return
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("quorum queue %s: no leader with %d members online: %s", queue, n, last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // publish declares the durable queue (with args) and publishes body to it,
 // persistent, waiting for the broker's confirm. A nack (a quorum queue whose
 // members have not all started may refuse a message) is answered by
-// publishing again, as a producer must.
+// publishing again, as a producer must, on a new channel: RabbitMQ 3.10
+// gives a channel opened while a quorum queue's leader is being replaced
+// the leader its queue record still names, and that channel's publishes are
+// nacked for as long as it lives.
 func publish(t *testing.T, url, queue string, args amqp.Table, body string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		if publishOnce(t, ctx, url, queue, args, body) {
+			return
+		}
+		t.Logf("publish to %s: nacked, publishing again on a new channel", queue)
+		select {
+		case <-ctx.Done():
+			t.Fatalf("publish to %s: nacked until %v", queue, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// publishOnce publishes body on a channel of its own and reports whether
+// the broker confirmed it.
+func publishOnce(t *testing.T, ctx context.Context, url, queue string, args amqp.Table, body string) bool {
 	t.Helper()
 	conn, err := amqp.Dial(url)
 	if err != nil {
@@ -290,28 +363,16 @@ func publish(t *testing.T, url, queue string, args amqp.Table, body string) {
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for {
-		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false,
-			amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte(body)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ok, err := conf.WaitContext(ctx)
-		if err != nil {
-			t.Fatalf("publish to %s: %v", queue, err)
-		}
-		if ok {
-			return
-		}
-		t.Logf("publish to %s: nacked, publishing again", queue)
-		select {
-		case <-ctx.Done():
-			t.Fatalf("publish to %s: nacked until %v", queue, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
+	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false,
+		amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte(body)})
+	if err != nil {
+		t.Fatal(err)
 	}
+	ok, err := conf.WaitContext(ctx)
+	if err != nil {
+		t.Fatalf("publish to %s: %v", queue, err)
+	}
+	return ok
 }
 
 // get takes one message from queue.

@@ -166,6 +166,14 @@ func StartRabbitCluster(t testing.TB, n int) []*Rabbit {
 	if len(running) != n {
 		t.Fatalf("private rabbitmq cluster: running nodes %v, want %d", running, n)
 	}
+	// A node takes connections before its boot has finished: a quorum
+	// queue declared then may not start its member there, and a queue
+	// without a majority of members refuses every publish.
+	for _, r := range nodes {
+		if _, err := r.ctl(ctx, "await_startup"); err != nil {
+			t.Fatalf("private rabbitmq cluster: node %s: %v", r.Name, err)
+		}
+	}
 	// Nodes that formed the cluster as they booted may not have agreed on
 	// their feature flags yet: until they do, a node may refuse to declare a
 	// quorum queue ("the corresponding feature flag is disabled").
