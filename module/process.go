@@ -597,7 +597,7 @@ func (p *Process) relay(db, relayDB *sqlx.DB, box outbox.Config, exchange string
 		}
 	}
 	if *c.RelayNotify {
-		listeners = append(listeners, relay.NewNotifier(db, channel, c.Logger))
+		listeners = append(listeners, relay.NewNotifier(db, channel, c.Logger, relay.NotifyEvery(c.RelayReadInterval)))
 	}
 	return listeners, nil
 }

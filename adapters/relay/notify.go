@@ -16,8 +16,9 @@ import (
 // services enable notifications.
 const DefaultNotifyChannel = "outboxmill_outbox"
 
-// NotifyInterval is the least time between the starts of two notifications
-// of one Notifier: the relay's DefaultReadInterval. A relay reads at most
+// NotifyInterval is the default least time between the starts of two
+// notifications of one Notifier: the relay's DefaultReadInterval. A relay
+// reads at most
 // once a ReadInterval while commits stream in, so faster notifications would
 // wake it for nothing, and each one is a transaction of its own, which takes
 // a transaction id and is serialised with every other notifying commit.
@@ -27,24 +28,44 @@ const NotifyInterval = DefaultReadInterval
 // implements app.CommitListener: EventsCommitted never blocks and never runs
 // inside the business transaction (PostgreSQL serialises the commits of
 // transactions that notify). Notifications are coalesced: at most one is in
-// flight, they start at least NotifyInterval apart, and the commits that
-// happen meanwhile are covered by one more.
+// flight, they start at least an interval apart (NotifyInterval, or the one
+// NotifyEvery sets), and the commits that happen meanwhile are covered by
+// one more.
 type Notifier struct {
-	db      *sqlx.DB
-	channel string
-	logger  *slog.Logger
+	db       *sqlx.DB
+	channel  string
+	logger   *slog.Logger
+	interval time.Duration
 
 	mu       sync.Mutex
 	inFlight bool
 	pending  bool
 }
 
+// NotifierOption configures a Notifier.
+type NotifierOption func(*Notifier)
+
+// NotifyEvery makes notifications start at least d apart instead of
+// NotifyInterval: the ReadInterval of the relays listening, which read no
+// more often than that while commits stream in. d <= 0 keeps the default.
+func NotifyEvery(d time.Duration) NotifierOption {
+	return func(n *Notifier) {
+		if d > 0 {
+			n.interval = d
+		}
+	}
+}
+
 // NewNotifier returns a Notifier sending on channel through db.
-func NewNotifier(db *sqlx.DB, channel string, logger *slog.Logger) *Notifier {
+func NewNotifier(db *sqlx.DB, channel string, logger *slog.Logger, opts ...NotifierOption) *Notifier {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Notifier{db: db, channel: channel, logger: logger}
+	n := &Notifier{db: db, channel: channel, logger: logger, interval: NotifyInterval}
+	for _, o := range opts {
+		o(n)
+	}
+	return n
 }
 
 // EventsCommitted implements app.CommitListener.
@@ -70,7 +91,7 @@ func (n *Notifier) send() {
 			n.logger.Debug("relay notification failed", "err", err)
 		}
 		// Still in flight: commits until the next start are covered by it.
-		time.Sleep(time.Until(started.Add(NotifyInterval)))
+		time.Sleep(time.Until(started.Add(n.interval)))
 		n.mu.Lock()
 		if !n.pending {
 			n.inFlight = false

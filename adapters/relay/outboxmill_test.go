@@ -558,6 +558,20 @@ func TestOutboxmill_WakeAndNotifyDeliverWithoutPolling(t *testing.T) {
 
 func TestNotifier_EventsCommitted(t *testing.T) {
 	t.Parallel()
+	t.Run("default interval", func(t *testing.T) {
+		t.Parallel()
+		testNotifierCoalesces(t, relay.NotifyInterval)
+	})
+	// A relay reading every 20 ms is notified no more often than that.
+	t.Run("interval of the relays", func(t *testing.T) {
+		t.Parallel()
+		testNotifierCoalesces(t, 20*time.Millisecond, relay.NotifyEvery(20*time.Millisecond))
+	})
+}
+
+// testNotifierCoalesces streams commits into a Notifier built with opts and
+// checks that its notifications start at least interval apart.
+func testNotifierCoalesces(t *testing.T, interval time.Duration, opts ...relay.NotifierOption) {
 	db := testdb.New(t)
 	channel := stack.UniqueName("notify_")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -570,10 +584,10 @@ func TestNotifier_EventsCommitted(t *testing.T) {
 	if _, err := listener.Exec(ctx, `LISTEN `+pgx.Identifier{channel}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
-	n := relay.NewNotifier(db.DB, channel, nil)
+	n := relay.NewNotifier(db.DB, channel, nil, opts...)
 
 	// Commits streaming in for 50 ms: coalesced, notifications at least
-	// NotifyInterval apart, and one that starts after the last commit.
+	// interval apart, and one that starts after the last commit.
 	start := time.Now()
 	commits := 0
 	for time.Since(start) < 50*time.Millisecond {
@@ -604,8 +618,8 @@ func TestNotifier_EventsCommitted(t *testing.T) {
 		t.Errorf("the last notification arrived before the last commit")
 	}
 	// At most one per interval from the first send to the last receipt.
-	if most := int(lastReceived.Sub(start)/relay.NotifyInterval) + 1; got > most {
-		t.Errorf("%d notifications in %s, want at most %d (one per %s)", got, lastReceived.Sub(start), most, relay.NotifyInterval)
+	if most := int(lastReceived.Sub(start)/interval) + 1; got > most {
+		t.Errorf("%d notifications in %s, want at most %d (one per %s)", got, lastReceived.Sub(start), most, interval)
 	}
 	if got >= commits {
 		t.Errorf("%d commits made %d notifications: not coalesced", commits, got)

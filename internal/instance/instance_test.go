@@ -276,18 +276,28 @@ func TestRabbitCluster_NodeLoss(t *testing.T) {
 // declare declares the durable queue (with args).
 func declare(t *testing.T, url, queue string, args amqp.Table) {
 	t.Helper()
+	conn, _ := declared(t, url, queue, args)
+	conn.Close()
+}
+
+// declared connects to url, opens a channel and declares the durable queue
+// (with args) on it; the caller closes the connection.
+func declared(t *testing.T, url, queue string, args amqp.Table) (*amqp.Connection, *amqp.Channel) {
+	t.Helper()
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
+		conn.Close()
 		t.Fatal(err)
 	}
 	if _, err := ch.QueueDeclare(queue, true, false, false, false, args); err != nil {
+		conn.Close()
 		t.Fatal(err)
 	}
+	return conn, ch
 }
 
 // membersOnline waits until the quorum queue has a leader and n members
@@ -348,18 +358,8 @@ func publish(t *testing.T, url, queue string, args amqp.Table, body string) {
 // the broker confirmed it.
 func publishOnce(t *testing.T, ctx context.Context, url, queue string, args amqp.Table, body string) bool {
 	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, ch := declared(t, url, queue, args)
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, args); err != nil {
-		t.Fatal(err)
-	}
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
