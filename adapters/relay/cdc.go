@@ -704,6 +704,21 @@ func (f *feed) stream(ctx context.Context, msgs <-chan walMessage, out chan<- ba
 		// unless either is full.
 		pacer = readPacer{interval: f.r.config.ReadInterval}
 		held  <-chan time.Time
+		// Only the rows at the head of pending that other sessions can
+		// see are handed over (visible.go): visible counts them, as of a
+		// look at checked rows at checkedAt; while the head is not
+		// visible, the next look waits for recheck.
+		vis = visibility{current: func(ctx context.Context) (string, error) {
+			var s string
+			err := f.r.db.GetContext(ctx, &s, `SELECT pg_current_snapshot()::text`)
+			return s, err
+		}}
+		visible, checked int
+		checkedAt        time.Time
+		recheck          <-chan time.Time
+		recheckWait      = firstVisibilityWait
+		invisibleSince   time.Time
+		warned           string // the transaction the relay said it waits for
 	)
 	tick := func(lsn uint64) {
 		if open || time.Since(lastTick) < f.r.config.StatusInterval {
@@ -729,18 +744,54 @@ func (f *feed) stream(ctx context.Context, msgs <-chan walMessage, out chan<- ba
 				held = time.After(wait)
 			}
 		}
+		if outc != nil {
+			// A look finds what became visible since the last one: once
+			// the head waits, when recheck fires; otherwise for rows come
+			// since, at most once a ReadInterval while a batch is ready.
+			if recheck == nil && len(pending) > checked &&
+				(visible == 0 || time.Since(checkedAt) >= f.r.config.ReadInterval) {
+				n, err := vis.visible(ctx, pending[visible:])
+				if err != nil {
+					return err
+				}
+				visible += n
+				checked, checkedAt = len(pending), time.Now()
+				if visible == 0 {
+					recheck = time.After(recheckWait)
+					recheckWait = min(2*recheckWait, lastVisibilityWait)
+					if invisibleSince.IsZero() {
+						invisibleSince = checkedAt
+					} else if tx := pending[0].pos.txID; time.Since(invisibleSince) > invisibleWarning && warned != tx {
+						warned = tx
+						f.r.logger.Warn("cdc relay: a streamed transaction is committed but not yet visible to other sessions; holding it and those after it (a synchronous standby not confirming?)",
+							"slot", f.slot, "transaction_id", tx, "waiting", time.Since(invisibleSince).Round(time.Millisecond))
+					}
+				} else {
+					recheckWait, invisibleSince = firstVisibilityWait, time.Time{}
+				}
+			}
+			if visible == 0 {
+				outc = nil
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-held:
 			held = nil
+		case <-recheck:
+			recheck, checked = nil, 0
 		case <-status.C:
 			if err := f.sendStatus(false); err != nil {
 				return err
 			}
-		case outc <- batch{rows: pending}:
-			pacer.read(time.Now(), len(pending), len(pending) >= f.r.config.BatchSize, false)
-			pending = nil
+		case outc <- batch{rows: pending[:visible:visible]}:
+			pacer.read(time.Now(), visible, visible >= f.r.config.BatchSize, visible < len(pending))
+			pending = pending[visible:]
+			if len(pending) == 0 {
+				pending = nil
+			}
+			visible, checked = 0, 0
 		case m := <-in:
 			if m.err != nil {
 				return fmt.Errorf("cdc: replication stream of slot %s: %w", f.slot, m.err)
