@@ -86,6 +86,97 @@ type SlotMetrics interface {
 	SlotRecreated()
 }
 
+// ErrSlotNotStreamed is wrapped by a cdc relay's Health while its slot
+// cannot be streamed.
+var ErrSlotNotStreamed = errors.New("cdc relay cannot stream its replication slot")
+
+// unstreamedAttempts is how many attempts in a row must fail to stream the
+// slot before Health says so: one failure may be a session ended under the
+// stream, which the next attempt mends.
+const unstreamedAttempts = 2
+
+// slotHealth is whether a cdc relay's slot can be streamed: how many
+// attempts in a row failed before the stream marked anything (the slot or
+// its publication missing, no slot to be had, the stream failing), the
+// last one's error, and the slot whose stream lacks its publication (it is
+// recreated at the next attempt).
+type slotHealth struct {
+	mu       sync.Mutex
+	failures int
+	err      error
+	broken   string
+}
+
+// failed records an attempt that did not stream.
+func (h *slotHealth) failed(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.failures++
+	h.err = err
+}
+
+// streamed records a stream that marked what it read.
+func (h *slotHealth) streamed() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.failures, h.err = 0, nil
+}
+
+// health returns an error wrapping ErrSlotNotStreamed after
+// unstreamedAttempts failed attempts in a row.
+func (h *slotHealth) health() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.failures < unstreamedAttempts {
+		return nil
+	}
+	return fmt.Errorf("%w (%d attempts in a row): %w", ErrSlotNotStreamed, h.failures, h.err)
+}
+
+// markBroken records that slot's stream lacks its publication.
+func (h *slotHealth) markBroken(slot string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.broken = slot
+}
+
+// takeBroken reports whether slot was marked broken, and forgets it.
+func (h *slotHealth) takeBroken(slot string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.broken != slot {
+		return false
+	}
+	h.broken = ""
+	return true
+}
+
+// codeUndefinedObject is SQLSTATE undefined_object: in a replication
+// stream, pgoutput's "publication does not exist".
+const codeUndefinedObject = "42704"
+
+// streamEnded records how the stream of f ended with err: a stream that
+// marked nothing is a failed attempt, and a stream ended because its
+// publication is missing from the slot's history marks the slot to be
+// recreated. pgoutput reads the publication as the catalog was at each
+// change it decodes, so a publication dropped, even if created again
+// since, fails every stream from the slot at the same change: only a new
+// slot, read from the stored position, gets past it.
+func (r *Outboxmill) streamEnded(ctx context.Context, f *feed, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == codeUndefinedObject {
+		r.slot.markBroken(f.slot)
+		r.logger.Error("cdc relay: the slot's stream lacks its publication (dropped, perhaps created again); recreating the slot from the stored position",
+			"slot", f.slot, "publication", f.publication, "err", err)
+	}
+	if !f.marked.Load() {
+		r.slot.failed(err)
+	}
+}
+
 // laterThan reports whether position a comes after b in delivery order.
 func laterThan(a, b position) bool {
 	x, errA := strconv.ParseUint(a.txID, 10, 64)
@@ -127,6 +218,7 @@ type feed struct {
 	snapXmin uint64 // the snapshot's xmin
 
 	ack      atomic.Uint64 // stored: every transaction committed before it is forwarded and marked
+	marked   atomic.Bool   // a store succeeded: the slot streams
 	received atomic.Uint64 // the end of what the stream has received
 
 	// The position writer's own: the sample the stream is not past yet.
@@ -224,7 +316,10 @@ func (r *Outboxmill) openFeed(ctx context.Context, l *lease, pos position) (_ *f
 	if st.exists && st.database != dbName {
 		return nil, fmt.Errorf("cdc: replication slot %s belongs to database %s, not %s (set Config.Slot)", f.slot, st.database, dbName)
 	}
+	broken := r.slot.takeBroken(f.slot)
 	switch {
+	case broken && st.exists:
+		// The stream lacks its publication (streamEnded): already said.
 	case rec.found && rec.slot == f.slot && st.exists && st.walStatus != "lost" && rec.pos == pos:
 		if err := r.endOtherWalsender(ctx, f.slot, st); err != nil {
 			return nil, err
@@ -1019,6 +1114,9 @@ func (f *feed) store(ctx context.Context, l *lease, prev position, rows, aside [
 	}
 	f.pending = pending
 	f.ack.Store(ack)
+	if !f.marked.Swap(true) {
+		r.slot.streamed()
+	}
 	return next, nil
 }
 

@@ -1133,6 +1133,10 @@ func TestCDC_FallsBackToPollingUntilItMayReplicate(t *testing.T) {
 	if s, ok := f.slot(); ok {
 		t.Fatalf("a role without REPLICATION has slot %s", s.name)
 	}
+	// Two attempts in a row without a slot: not ready, though it polls.
+	waitFor(t, time.Minute, "Health to say the slot cannot be streamed", func() bool {
+		return errors.Is(r.Health(), relay.ErrSlotNotStreamed)
+	})
 
 	if _, err := f.db.Exec(`ALTER ROLE ` + id + ` REPLICATION`); err != nil {
 		t.Fatal(err)
@@ -1145,6 +1149,9 @@ func TestCDC_FallsBackToPollingUntilItMayReplicate(t *testing.T) {
 	f.activeSlot()
 	waitFor(t, time.Minute, "the slot's record", func() bool { return f.recordedLSN() > 0 })
 	took := time.Since(switched)
+	if err := r.Health(); err != nil {
+		t.Errorf("Health once the slot streams: %v", err)
+	}
 	n := stream.count()
 	waitFor(t, time.Minute, "events committed while streaming", func() bool { return stream.count() >= n+50 })
 	events := stream.stop()

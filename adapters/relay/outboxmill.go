@@ -85,7 +85,8 @@ type Outboxmill struct {
 
 	ahead aheadState // position ahead of the database's transaction ids (restore.go)
 
-	logical bool // kind cdc: read from a replication slot (cdc.go)
+	logical bool       // kind cdc: read from a replication slot (cdc.go)
+	slot    slotHealth // kind cdc: whether its slot can be streamed (cdc.go)
 
 	wake    chan struct{}
 	closing chan struct{}
@@ -205,12 +206,17 @@ func (r *Outboxmill) lead(ctx context.Context) (err error) {
 		case err == nil:
 			r.setFallback(false)
 			defer f.close()
-		case ctx.Err() != nil || !fallBackWorthy(err):
+			defer func() { r.streamEnded(ctx, f, err) }()
+		case ctx.Err() != nil:
+			return err
+		case !fallBackWorthy(err):
+			r.slot.failed(err)
 			return err
 		default:
 			// No slot for now: poll, loudly, and try the slot again after
 			// a while.
 			r.setFallback(true)
+			r.slot.failed(err)
 			r.logger.Error("cdc relay: no replication slot; polling the outbox meanwhile",
 				"err", err, "retry_in", r.config.FallbackInterval)
 			var cancel context.CancelFunc

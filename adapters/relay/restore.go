@@ -123,12 +123,15 @@ const aheadLogInterval = time.Minute
 
 // Health returns the error wrapping ErrPositionAhead of the relay's last
 // position check while the position or the outbox is ahead of the
-// database's transaction ids (the relay refuses to forward), and nil
-// otherwise. The services' /readyz fails while it returns an error.
+// database's transaction ids (the relay refuses to forward); for a cdc
+// relay, an error wrapping ErrSlotNotStreamed while its slot cannot be
+// streamed (see slotHealth); and nil otherwise. The services' /readyz
+// fails while it returns an error.
 func (r *Outboxmill) Health() error {
 	r.ahead.mu.Lock()
-	defer r.ahead.mu.Unlock()
-	return r.ahead.err
+	ahead := r.ahead.err
+	r.ahead.mu.Unlock()
+	return errors.Join(ahead, r.slot.health())
 }
 
 // checkAhead checks pos, the relay's position, and the outbox against the
