@@ -174,6 +174,10 @@ func (r *Outboxmill) streamEnded(ctx context.Context, f *feed, err error) {
 	}
 	if !f.marked.Load() {
 		r.slot.failed(err)
+		// The heartbeat reports the slot only while it streams: a slot
+		// failing every attempt still has its WAL reported, for the alert
+		// on retained WAL.
+		f.reportSlot(ctx)
 	}
 }
 
