@@ -220,12 +220,14 @@ func connect(ctx context.Context, url string) (*pgx.Conn, error) {
 	}
 }
 
-// countSetAside counts the messages settlement set aside and the outbox rows
-// the relay set aside.
+// countSetAside counts the messages settlement and orders (its
+// SettlementRecorded handler) set aside and the outbox rows the relay set
+// aside.
 func countSetAside(ctx context.Context, s *stack.Stack) (int, error) {
 	var total int
 	for _, q := range []struct{ url, sql string }{
 		{s.SettlementDatabaseURL(), `SELECT count(*) FROM set_aside_messages`},
+		{s.OrdersDatabaseURL(), `SELECT count(*) FROM set_aside_messages`},
 		{s.OrdersDatabaseURL(), `SELECT count(*) FROM outbox_set_aside`},
 	} {
 		conn, err := connect(ctx, q.url)
