@@ -534,4 +534,3 @@ func (p *Postgres) RequireSynchronousStandby(t testing.TB, name string) {
 
 // quoteLiteral quotes s as an SQL string literal.
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-
