@@ -116,6 +116,11 @@ func NewRelay(reg prometheus.Registerer, outboxTopic string) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Both series exist from the start at 0, so that increase() sees the
+	// first regression.
+	for _, kind := range []string{relay.PositionMissing, relay.PositionBackwards} {
+		regressed.WithLabelValues(outboxTopic, kind)
+	}
 	slot, err := newSlotVecs(reg)
 	if err != nil {
 		return nil, err
