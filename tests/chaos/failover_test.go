@@ -110,6 +110,13 @@ func runFailover(t *testing.T, kind string, f failover) {
 	killedAt := time.Now()
 	primary.Kill(t)
 	failOver(t, sc, tr, standby, killedAt, before)
+	// A position store the relay saw committed was on the standby too: the
+	// promoted standby never has an older position than the relay knew.
+	for _, msg := range []string{`msg="relay position moved back`, `msg="relay position disappeared`} {
+		for _, line := range grepLog(t, sc.logPath(sc.stack.Orders), 0, msg) {
+			t.Errorf("the relay found its position regressed after the failover: %s", line)
+		}
+	}
 	if kind == relay.KindCDC {
 		// Slots are not copied to a standby (PostgreSQL 15): the relay
 		// found its record and no slot on the promoted standby.
