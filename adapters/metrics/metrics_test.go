@@ -192,7 +192,9 @@ func TestRelay_PositionRegressed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	labels := func(kind string) map[string]string { return map[string]string{"outbox": "helpdesk_outbox", "kind": kind} }
+	labels := func(kind string) map[string]string {
+		return map[string]string{"outbox": "helpdesk_outbox", "kind": kind}
+	}
 	const name = "outboxmill_relay_position_regressions_total"
 	for _, kind := range []string{relay.PositionMissing, relay.PositionBackwards} {
 		if v := mustValue(t, reg, name, labels(kind)); v != 0 {
