@@ -14,6 +14,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/metrics"
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/internal/testdb"
 	"github.com/outboxmill/outboxmill/middleware"
 )
@@ -178,5 +179,34 @@ func TestHandler_Callbacks(t *testing.T) {
 	}
 	if v := mustValue(t, reg, "outboxmill_consumer_lag_seconds", map[string]string{"handler": "settle"}); v != 1 {
 		t.Errorf("lag observations = %v, want 1", v)
+	}
+}
+
+// The position regressions of both kinds are there at 0 from the start, so
+// that an alert on their increase sees the first one, and each report
+// counts under its kind.
+func TestRelay_PositionRegressed(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	r, err := metrics.NewRelay(reg, "helpdesk_outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := func(kind string) map[string]string {
+		return map[string]string{"outbox": "helpdesk_outbox", "kind": kind}
+	}
+	const name = "outboxmill_relay_position_regressions_total"
+	for _, kind := range []string{relay.PositionMissing, relay.PositionBackwards} {
+		if v := mustValue(t, reg, name, labels(kind)); v != 0 {
+			t.Fatalf("%s starts at %v, want 0", kind, v)
+		}
+	}
+	r.PositionRegressed(relay.PositionBackwards)
+	r.PositionRegressed(relay.PositionBackwards)
+	r.PositionRegressed(relay.PositionMissing)
+	for kind, want := range map[string]float64{relay.PositionMissing: 1, relay.PositionBackwards: 2} {
+		if v := mustValue(t, reg, name, labels(kind)); v != want {
+			t.Errorf("%s = %v, want %v", kind, v, want)
+		}
 	}
 }

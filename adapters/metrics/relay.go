@@ -9,8 +9,9 @@ import (
 )
 
 var (
-	_ relay.Metrics     = (*Relay)(nil)
-	_ relay.SlotMetrics = (*Relay)(nil)
+	_ relay.Metrics         = (*Relay)(nil)
+	_ relay.SlotMetrics     = (*Relay)(nil)
+	_ relay.PositionMetrics = (*Relay)(nil)
 )
 
 // Relay counts what a relay publishes: it implements relay.Metrics.
@@ -23,6 +24,7 @@ type Relay struct {
 	throttled  prometheus.Counter
 	setAside   prometheus.Counter
 	ahead      prometheus.Gauge
+	regressed  *prometheus.CounterVec
 	outbox     string
 
 	slotStatus    *prometheus.GaugeVec
@@ -43,6 +45,7 @@ type Relay struct {
 //	outboxmill_relay_throttled_seconds_total{outbox}   counter
 //	outboxmill_relay_set_aside_total{outbox}           counter
 //	outboxmill_relay_position_ahead{outbox}            gauge (1: restored database, relay refuses to run)
+//	outboxmill_relay_position_regressions_total{outbox,kind} counter (kind missing or backwards)
 //	outboxmill_relay_slot_wal_status{outbox,status}    gauge (cdc: 1 for the slot's wal_status)
 //	outboxmill_relay_slot_retained_bytes{outbox}       gauge (cdc: WAL the slot keeps, from its restart_lsn)
 //	outboxmill_relay_slot_confirmed_lag_bytes{outbox}  gauge (cdc: WAL past the slot's confirmed position)
@@ -106,12 +109,25 @@ func NewRelay(reg prometheus.Registerer, outboxTopic string) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	regressed, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "relay", Name: "position_regressions_total",
+		Help: "Relay positions found missing (kind missing) or behind the one the relay last loaded or stored (kind backwards); the rows after the position found are published again.",
+	}, []string{"outbox", "kind"}))
+	if err != nil {
+		return nil, err
+	}
+	// Both series exist from the start at 0, so that increase() sees the
+	// first regression.
+	for _, kind := range []string{relay.PositionMissing, relay.PositionBackwards} {
+		regressed.WithLabelValues(outboxTopic, kind)
+	}
 	slot, err := newSlotVecs(reg)
 	if err != nil {
 		return nil, err
 	}
 	return &Relay{
 		refused:    refused,
+		regressed:  regressed,
 		outbox:     outboxTopic,
 		throttled:  throttled.WithLabelValues(outboxTopic),
 		setAside:   setAside.WithLabelValues(outboxTopic),
@@ -155,6 +171,9 @@ func (r *Relay) PositionAhead(ahead bool) {
 	}
 	r.ahead.Set(0)
 }
+
+// PositionRegressed implements relay.PositionMetrics.
+func (r *Relay) PositionRegressed(kind string) { r.regressed.WithLabelValues(r.outbox, kind).Inc() }
 
 // slotVecs are the metrics of a CDC relay's replication slot.
 type slotVecs struct {

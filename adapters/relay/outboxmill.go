@@ -85,6 +85,11 @@ type Outboxmill struct {
 
 	ahead aheadState // position ahead of the database's transaction ids (restore.go)
 
+	// known is the position this relay last loaded or stored; empty before
+	// its first load, and after a load of a position ahead of the
+	// database's transaction ids. Guarded by mu.
+	known position
+
 	logical bool       // kind cdc: read from a replication slot (cdc.go)
 	slot    slotHealth // kind cdc: whether its slot can be streamed (cdc.go)
 
@@ -196,6 +201,9 @@ func (r *Outboxmill) lead(ctx context.Context) (err error) {
 	}
 	// A restored or moved database: refuse rather than skip (restore.go).
 	if err := r.checkAhead(ctx, pos); err != nil {
+		// The position is of another server's transaction ids: nothing
+		// to compare the next load with (a rebase moves it back).
+		r.setKnown(position{})
 		return err
 	}
 	var f *feed
@@ -350,11 +358,20 @@ func (p *readPacer) read(started time.Time, n int, full, pending bool) {
 	}
 }
 
+// loadPosition loads the relay position of the consumer group, creating it
+// at the start of the outbox when there is none, and reports it when it
+// disappeared or moved back since this relay last loaded or stored it (see
+// checkRegression).
 func (r *Outboxmill) loadPosition(ctx context.Context) (position, error) {
 	offsets := r.config.Outbox.OffsetsTable()
-	if _, err := r.db.ExecContext(ctx, `
+	res, err := r.db.ExecContext(ctx, `
 		INSERT INTO `+offsets+` (consumer_group, offset_acked, last_processed_transaction_id)
-		VALUES ($1, 0, '0') ON CONFLICT DO NOTHING`, r.config.ConsumerGroup); err != nil {
+		VALUES ($1, 0, '0') ON CONFLICT DO NOTHING`, r.config.ConsumerGroup)
+	if err != nil {
+		return position{}, fmt.Errorf("create relay position: %w", err)
+	}
+	created, err := res.RowsAffected()
+	if err != nil {
 		return position{}, fmt.Errorf("create relay position: %w", err)
 	}
 	var pos position
@@ -363,7 +380,70 @@ func (r *Outboxmill) loadPosition(ctx context.Context) (position, error) {
 		r.config.ConsumerGroup).Scan(&pos.txID, &pos.offset); err != nil {
 		return position{}, fmt.Errorf("load relay position: %w", err)
 	}
+	r.checkRegression(pos, created == 1)
 	return pos, nil
+}
+
+// Kinds of position regression reported through PositionMetrics.
+const (
+	// PositionMissing is a relay position that disappeared: the relay found
+	// no position of its consumer group and starts the outbox again from
+	// its beginning.
+	PositionMissing = "missing"
+	// PositionBackwards is a relay position that moved back: the relay
+	// sends again the rows between the position it finds and the one it
+	// left.
+	PositionBackwards = "backwards"
+)
+
+// PositionMetrics receives the regressions of a relay position. A
+// Config.Metrics that implements it gets them; adapters/metrics.Relay does.
+type PositionMetrics interface {
+	// PositionRegressed reports one regression of kind PositionMissing or
+	// PositionBackwards: the relay found its position gone, or behind the
+	// one it last loaded or stored. Nothing is lost, but the rows after the
+	// position found are published again.
+	PositionRegressed(kind string)
+}
+
+// setKnown records pos as the position this relay last loaded or stored.
+func (r *Outboxmill) setKnown(pos position) {
+	r.mu.Lock()
+	r.known = pos
+	r.mu.Unlock()
+}
+
+// checkRegression compares pos, just loaded, with the position this relay
+// last loaded or stored: when the position was missing (created is true) or
+// is behind it, it logs an error and reports PositionMetrics.PositionRegressed,
+// once per regression, since pos becomes the position compared with next.
+// Positions only move forward otherwise: another instance that took over
+// moves them further, never back. A relay's first load has nothing to
+// compare with.
+func (r *Outboxmill) checkRegression(pos position, created bool) {
+	r.mu.Lock()
+	known := r.known
+	r.known = pos
+	r.mu.Unlock()
+	if known.txID == "" {
+		return
+	}
+	var kind string
+	switch {
+	case created:
+		kind = PositionMissing
+		r.logger.Error("relay position disappeared; publishing the whole outbox again from its beginning",
+			"last_tx", known.txID, "last_offset", known.offset)
+	case laterThan(known, pos):
+		kind = PositionBackwards
+		r.logger.Error("relay position moved back; publishing again the rows after it",
+			"last_tx", known.txID, "last_offset", known.offset, "position_tx", pos.txID, "position_offset", pos.offset)
+	default:
+		return
+	}
+	if m, ok := r.config.Metrics.(PositionMetrics); ok {
+		m.PositionRegressed(kind)
+	}
 }
 
 // readBatch reads up to BatchSize rows after pos that no running transaction

@@ -790,6 +790,7 @@ func (w *positionWriter) store(pending []settledRows) error {
 	w.r.logger.Debug("relay position stored", "rows", len(all), "from_tx", w.pos.txID, "from_offset", w.pos.offset,
 		"to_tx", next.txID, "to_offset", next.offset)
 	w.pos = next
+	w.r.setKnown(next)
 	w.storedSeq.Store(all[len(all)-1].seq)
 	select {
 	case w.stored <- struct{}{}:

@@ -449,3 +449,55 @@ func TestReapLeftovers(t *testing.T) {
 		t.Errorf("the directory of a live owner was removed: %v", err)
 	}
 }
+
+// A primary with a synchronous standby made by StartStandby is killed
+// (kill -9) while a transaction is open; the promoted standby has every
+// transaction the primary acknowledged, not the open one, and takes
+// writes; a multi-host URL with target_session_attrs=read-write reaches it
+// with the old primary's address first.
+func TestPostgres_StandbyPromotedAfterKill(t *testing.T) {
+	t.Parallel()
+	primary := StartPostgres(t, WithSetting("max_connections", "20"))
+	standby := primary.StartStandby(t, "standby_one", WithSetting("max_connections", "20"))
+	if standby.Port == primary.Port || standby.root == primary.root {
+		t.Fatalf("the standby shares the primary's port or directory: %s, %s", standby, primary)
+	}
+	primary.RequireSynchronousStandby(t, "standby_one")
+	if err := primary.Env().CreateDatabase(context.Background(), "kept_db"); err != nil {
+		t.Fatal(err)
+	}
+	url := primary.URL("kept_db")
+	pgExec(t, url, `CREATE TABLE kept (id serial PRIMARY KEY, note text NOT NULL)`)
+	for i := range 20 {
+		pgExec(t, url, `INSERT INTO kept (note) VALUES ($1)`, fmt.Sprintf("acknowledged %d", i))
+	}
+	ctx := context.Background()
+	open, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := open.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO kept (note) VALUES ('open at the kill')`); err != nil {
+		t.Fatal(err)
+	}
+	// The standby is read-only until promoted.
+	var readOnly string
+	if err := standby.query(`SHOW transaction_read_only`, nil, &readOnly); err != nil || readOnly != "on" {
+		t.Fatalf("the standby's transaction_read_only = %q (%v), want on", readOnly, err)
+	}
+
+	primary.Kill(t)
+	standby.Promote(t)
+	multi := MultiHostURL("kept_db", primary, standby)
+	notes := pgRows(t, multi)
+	if len(notes) != 20 || notes[0] != "acknowledged 0" || notes[19] != "acknowledged 19" {
+		t.Fatalf("the promoted standby has %q, want the 20 acknowledged rows", notes)
+	}
+	pgExec(t, multi, `INSERT INTO kept (note) VALUES ('after the promotion')`)
+	if notes := pgRows(t, standby.URL("kept_db")); notes[len(notes)-1] != "after the promotion" {
+		t.Fatalf("the write through the multi-host URL did not reach the promoted standby: %q", notes)
+	}
+}

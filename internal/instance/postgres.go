@@ -366,3 +366,171 @@ func (p *Postgres) cleanup(t testing.TB) {
 func (p *Postgres) String() string {
 	return "postgres 127.0.0.1:" + strconv.Itoa(p.Port) + " (" + strings.TrimPrefix(p.root, os.TempDir()+"/") + ")"
 }
+
+// StartStandby makes a streaming standby of p and starts it: a base backup
+// of p taken over loopback by the postgres OS user (pg_basebackup -R, which
+// writes standby.signal and primary_conninfo, the WAL streamed alongside),
+// in a directory of its own, run with p's settings and opts on a port of
+// its own, with cluster_name set to name, which its WAL receiver gives p as
+// its application_name (what synchronous_standby_names names). It waits
+// until p shows the standby streaming. The standby accepts read-only
+// sessions until Promote. When t ends it is stopped and removed as p is.
+// p must be running.
+func (p *Postgres) StartStandby(t testing.TB, name string, opts ...PostgresOption) *Postgres {
+	t.Helper()
+	var o postgresOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	begin := time.Now()
+	root, err := newRoot("pg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Postgres{
+		Dir: filepath.Join(root, "data"), root: root, binDir: p.binDir,
+		logPath: filepath.Join(root, "postgres.log"), cred: p.cred,
+	}
+	t.Cleanup(func() { s.cleanup(t) })
+	if s.cred != nil {
+		if err := os.Chown(root, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+			t.Fatalf("private postgres standby: %v", err)
+		}
+	}
+	backup := exec.Command(filepath.Join(p.binDir, "pg_basebackup"), "-R", "-h", "127.0.0.1", "-p", strconv.Itoa(p.Port),
+		"-U", "postgres", "-D", s.Dir, "-X", "stream", "--checkpoint=fast", "--no-sync")
+	backup.Dir = root
+	backup.Env = cleanEnviron()
+	backup.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	if out, err := backup.CombinedOutput(); err != nil {
+		t.Fatalf("private postgres standby: pg_basebackup from port %d: %v\n%s", p.Port, err, out)
+	}
+	s.settings = append(append(append([]string{}, p.settings...), "cluster_name="+name), o.settings...)
+	for attempt := 1; ; attempt++ {
+		if s.Port, err = freePort(); err != nil {
+			t.Fatal(err)
+		}
+		err := s.start()
+		if err == nil {
+			break
+		}
+		if attempt == 3 {
+			t.Fatalf("private postgres standby: %v; log:\n%s", err, tail(s.logPath, 30))
+		}
+	}
+	if err := p.awaitStandby(name, readyTimeout); err != nil {
+		t.Fatalf("private postgres standby: %v; its log:\n%s", err, tail(s.logPath, 30))
+	}
+	t.Logf("private postgres standby %q of port %d on 127.0.0.1:%d streaming in %s (%s)",
+		name, p.Port, s.Port, time.Since(begin).Round(time.Millisecond), root)
+	return s
+}
+
+// awaitStandby waits until p's pg_stat_replication shows a standby with
+// application_name name streaming.
+func (p *Postgres) awaitStandby(name string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var state string
+		err := p.query(`SELECT state FROM pg_stat_replication WHERE application_name = $1`, []any{name}, &state)
+		if err == nil && state == "streaming" {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("standby %q not streaming from port %d within %s (state %q, %v)", name, p.Port, timeout, state, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// query runs sql with args on p's postgres database as the superuser and
+// scans its one row into dest.
+func (p *Postgres) query(sql string, args []any, dest ...any) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, p.AdminURL())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	return conn.QueryRow(ctx, sql, args...).Scan(dest...)
+}
+
+// Promote promotes a standby made by StartStandby to a primary (pg_ctl
+// promote) and waits until it has left recovery and accepts writes.
+func (p *Postgres) Promote(t testing.TB) {
+	t.Helper()
+	begin := time.Now()
+	promote := exec.Command(filepath.Join(p.binDir, "pg_ctl"), "promote", "-D", p.Dir, "-w", "-t",
+		strconv.Itoa(int(readyTimeout/time.Second)))
+	promote.Dir = p.root
+	promote.Env = cleanEnviron()
+	promote.SysProcAttr = &syscall.SysProcAttr{Credential: p.cred}
+	if out, err := promote.CombinedOutput(); err != nil {
+		t.Fatalf("private postgres: pg_ctl promote: %v\n%s\nlog:\n%s", err, out, tail(p.logPath, 30))
+	}
+	deadline := time.Now().Add(readyTimeout)
+	for {
+		var recovering bool
+		err := p.query(`SELECT pg_is_in_recovery()`, nil, &recovering)
+		if err == nil && !recovering {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("private postgres: still in recovery %s after pg_ctl promote (%v); log:\n%s", readyTimeout, err, tail(p.logPath, 30))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("private postgres on 127.0.0.1:%d promoted in %s", p.Port, time.Since(begin).Round(time.Millisecond))
+}
+
+// MultiHostURL is the URL of database as the superuser postgres listing the
+// servers in turn, with target_session_attrs=read-write: a client (pgx, libpq)
+// connects to the first of them that accepts writes, so that after a
+// failover new sessions go to the promoted standby.
+func MultiHostURL(database string, servers ...*Postgres) string {
+	hosts := make([]string, len(servers))
+	for i, s := range servers {
+		hosts[i] = "127.0.0.1:" + strconv.Itoa(s.Port)
+	}
+	return fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable&target_session_attrs=read-write",
+		strings.Join(hosts, ","), url.PathEscape(database))
+}
+
+// RequireSynchronousStandby makes p's commits wait until the standby whose
+// application_name is name has flushed them (synchronous_standby_names, set
+// with ALTER SYSTEM and a reload, with synchronous_commit at its default,
+// on), and waits until p reports that standby synchronous. From then on a
+// commit p acknowledged is on the standby's disk as well: a Promote after a
+// Kill of p keeps it. A commit waits for as long as the standby is away.
+func (p *Postgres) RequireSynchronousStandby(t testing.TB, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, p.AdminURL())
+	if err != nil {
+		t.Fatalf("private postgres: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `ALTER SYSTEM SET synchronous_standby_names = `+
+		quoteLiteral(pgx.Identifier{name}.Sanitize())); err != nil {
+		t.Fatalf("private postgres: set synchronous_standby_names: %v", err)
+	}
+	if _, err := conn.Exec(ctx, `SELECT pg_reload_conf()`); err != nil {
+		t.Fatalf("private postgres: reload: %v", err)
+	}
+	for {
+		var state string
+		err := conn.QueryRow(ctx, `SELECT sync_state FROM pg_stat_replication WHERE application_name = $1`, name).Scan(&state)
+		if err == nil && state == "sync" {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("private postgres: standby %q not synchronous within %s (sync_state %q, %v)", name, readyTimeout, state, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

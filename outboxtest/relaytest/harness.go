@@ -71,6 +71,7 @@ type harness struct {
 	logger   *slog.Logger
 	consumer *consumer
 	producer *producer
+	metrics  *positionRecorder // Env.Metrics of every instance
 }
 
 // newHarness creates the database and the namespace of t and starts
@@ -105,7 +106,8 @@ func newHarness(t *testing.T) *harness {
 		t.Fatalf("create outbox: %v", err)
 	}
 
-	h := &harness{t: t, testEnv: env, dbURL: url, db: db, registry: newRegistry(), logger: testLogger(t)}
+	h := &harness{t: t, testEnv: env, dbURL: url, db: db, registry: newRegistry(), logger: testLogger(t),
+		metrics: &positionRecorder{regressions: map[string]int{}}}
 	h.exchange = name + ".events"
 	h.topology = rabbitmq.Topology{Exchanges: []string{h.exchange}}
 	for i := range lanes {
@@ -194,6 +196,7 @@ func (h *harness) start(kind Kind) *instance {
 		Exchange:      h.exchange,
 		Topology:      h.topology,
 		Logger:        h.logger.With("relay", kind.Name),
+		Metrics:       h.metrics,
 	})
 	if err != nil {
 		t.Fatalf("new relay of kind %s: %v", kind.Name, err)

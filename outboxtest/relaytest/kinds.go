@@ -51,9 +51,10 @@ func outboxmillKind() Kind {
 	return Kind{
 		Name: relay.KindOutboxmill,
 		Features: Features{
-			SingleActive:         true,
-			SetsAsideInvalidRows: true,
-			MaxResent:            4*outboxmillBatch + 160,
+			SingleActive:               true,
+			SetsAsideInvalidRows:       true,
+			ReportsPositionRegressions: true,
+			MaxResent:                  4*outboxmillBatch + 160,
 		},
 		New: func(_ testing.TB, env Env) (relay.Relay, error) {
 			return relay.NewOutboxmill(env.DB, outboxmillConfig(env))
@@ -77,6 +78,7 @@ func outboxmillConfig(env Env) relay.Config {
 		Window:          4 * outboxmillBatch,
 		RequireRoute:    env.Topology.Router(env.Exchange),
 		Logger:          env.Logger,
+		Metrics:         env.Metrics,
 	}
 }
 

@@ -3,6 +3,7 @@ package relaytest
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -409,4 +410,108 @@ func testClosedAsBrokerDrops(t *testing.T, k Kind) {
 	h.start(k)
 	waitStream(t, done)
 	h.expectResentAtMost(closeRounds*k.Features.MaxResent, "after closes as the broker dropped")
+}
+
+// positionRecorder is the Env.Metrics of a property's instances: it counts
+// the position regressions they report.
+type positionRecorder struct {
+	relay.NopMetrics
+	mu          sync.Mutex
+	regressions map[string]int // by kind
+}
+
+var _ relay.PositionMetrics = (*positionRecorder)(nil)
+
+// PositionRegressed implements relay.PositionMetrics.
+func (m *positionRecorder) PositionRegressed(kind string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.regressions[kind]++
+}
+
+// count returns the regressions of kind reported so far.
+func (m *positionRecorder) count(kind string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.regressions[kind]
+}
+
+// testReportsPositionRegressions: the position is deleted under a running
+// relay, later moved back to the outbox's first row. Each time the relay
+// publishes again the rows after the position it finds, losing nothing,
+// and reports one regression of the right kind, and no more once it runs on
+// from there.
+func testReportsPositionRegressions(t *testing.T, k Kind) {
+	h := newHarness(t)
+	h.start(k)
+	aggs := aggregates(4)
+	first := h.producer.commit(aggs...)
+	h.waitDelivered(first)
+	h.waitPositionAtEnd()
+
+	h.execOffsets(`DELETE FROM %s WHERE consumer_group = $1`, relay.DefaultConsumerGroup)
+	gone := h.producer.commit(aggs...)
+	waitUntil(t, "a regression of kind missing reported", func() bool { return h.metrics.count(relay.PositionMissing) >= 1 })
+	h.waitDelivered(gone)
+	waitUntil(t, "the outbox published again from its beginning", func() bool { return h.deliveredAtLeast(first, 2) })
+	h.waitPositionAtEnd()
+
+	var tx string
+	var offset int64
+	if err := h.db.QueryRow(`SELECT transaction_id::text, "offset" FROM `+contractOutbox.Table()+
+		` ORDER BY transaction_id, "offset" LIMIT 1`).Scan(&tx, &offset); err != nil {
+		t.Fatal(err)
+	}
+	h.execOffsets(`UPDATE %s SET last_processed_transaction_id = $1::xid8, offset_acked = $2 WHERE consumer_group = $3`,
+		tx, offset, relay.DefaultConsumerGroup)
+	back := h.producer.commit(aggs...)
+	waitUntil(t, "a regression of kind backwards reported", func() bool { return h.metrics.count(relay.PositionBackwards) >= 1 })
+	h.waitDelivered(back)
+	waitUntil(t, "the rows after the moved position published again", func() bool { return h.deliveredAtLeast(gone, 2) })
+
+	events := h.settle(h.producer.events())
+	h.checkLanes(events)
+	h.waitPositionAtEnd()
+	for _, kind := range []string{relay.PositionMissing, relay.PositionBackwards} {
+		if n := h.metrics.count(kind); n != 1 {
+			t.Errorf("%d regressions of kind %s reported, want 1", n, kind)
+		}
+	}
+}
+
+// execOffsets runs query, whose %s is the outbox's offsets table, with
+// args.
+func (h *harness) execOffsets(query string, args ...any) {
+	h.t.Helper()
+	if _, err := h.db.Exec(fmt.Sprintf(query, contractOutbox.OffsetsTable()), args...); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// waitPositionAtEnd waits until the relay position in the offsets table is
+// at the outbox's last row.
+func (h *harness) waitPositionAtEnd() {
+	h.t.Helper()
+	waitUntil(h.t, "the relay position at the outbox's last row", func() bool {
+		var at bool
+		err := h.db.QueryRow(`SELECT EXISTS (SELECT 1 FROM `+contractOutbox.OffsetsTable()+` p, (SELECT transaction_id, "offset" FROM `+
+			contractOutbox.Table()+` ORDER BY transaction_id DESC, "offset" DESC LIMIT 1) m
+			WHERE p.consumer_group = $1 AND p.last_processed_transaction_id = m.transaction_id AND p.offset_acked = m."offset")`,
+			relay.DefaultConsumerGroup).Scan(&at)
+		return err == nil && at
+	})
+}
+
+// deliveredAtLeast reports whether each of events has been delivered at
+// least n times on its lane.
+func (h *harness) deliveredAtLeast(events []domain.Event, n int) bool {
+	c := h.consumer
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, ev := range events {
+		if c.counts[h.topology.Queues[laneOf(ev.AggregateID)].Name][ev.ID] < n {
+			return false
+		}
+	}
+	return true
 }

@@ -50,6 +50,14 @@ type Features struct {
 	// the rows after it are published; without it the property does not
 	// run.
 	SetsAsideInvalidRows bool
+	// ReportsPositionRegressions reports that the kind keeps its position
+	// in the outbox's offsets table (Env.ConsumerGroup) and, when it finds
+	// that position gone or behind the one it last loaded or stored,
+	// publishes the rows after the position it found again and reports one
+	// regression of kind relay.PositionMissing or relay.PositionBackwards
+	// to Env.Metrics (relay.PositionMetrics); without it the property does
+	// not run.
+	ReportsPositionRegressions bool
 	// MaxResent bounds the events delivered twice after an interruption
 	// of one instance (a crash, a stop, a cut broker connection, a switch
 	// to another kind): those it had published and whose position it had
@@ -94,6 +102,11 @@ type Env struct {
 	Topology rabbitmq.Topology
 	// Logger writes to the test's log.
 	Logger *slog.Logger
+	// Metrics receives what the relay reports, for a kind that reports
+	// through relay.Metrics (its Config.Metrics); it implements
+	// relay.PositionMetrics too. It is shared by the relay instances of
+	// one property.
+	Metrics relay.Metrics
 }
 
 // validate checks that k can be run.
@@ -137,6 +150,8 @@ var properties = []property{
 	{name: "ClosedAsTheBrokerDropsStops", run: testClosedAsBrokerDrops},
 	{name: "SetsAsideAnInvalidRow", run: testSetsAsideInvalidRow,
 		when: func(k Kind) bool { return k.Features.SetsAsideInvalidRows }},
+	{name: "ReportsAPositionThatRegresses", run: testReportsPositionRegressions,
+		when: func(k Kind) bool { return k.Features.ReportsPositionRegressions }},
 	{name: "HandsOverToAnotherKind", run: testHandover,
 		when: func(k Kind) bool { return len(k.Peers) > 0 }},
 }

@@ -4,7 +4,7 @@
 // fault for real (kill -9, a broker outage through a proxy, terminated
 // database sessions, a long transaction, several relays, rolled-back
 // transactions, redeliveries, a late consumer, kill -9 of a private broker,
-// database server or cluster node). Afterwards the system is
+// database server or cluster node, a primary failed over to its standby). Afterwards the system is
 // left to settle and an integrity ledger compares what was committed with
 // what was delivered and what was settled. Every scenario must end with
 // nothing lost, nothing doubled and nothing out of order.
