@@ -9,8 +9,9 @@ import (
 )
 
 var (
-	_ relay.Metrics     = (*Relay)(nil)
-	_ relay.SlotMetrics = (*Relay)(nil)
+	_ relay.Metrics       = (*Relay)(nil)
+	_ relay.SlotMetrics   = (*Relay)(nil)
+	_ relay.BrokerMetrics = (*Relay)(nil)
 )
 
 // Relay counts what a relay publishes: it implements relay.Metrics.
@@ -23,6 +24,8 @@ type Relay struct {
 	throttled  prometheus.Counter
 	setAside   prometheus.Counter
 	ahead      prometheus.Gauge
+	blocked    prometheus.Gauge
+	replaced   prometheus.Counter
 	outbox     string
 
 	slotStatus    *prometheus.GaugeVec
@@ -43,6 +46,8 @@ type Relay struct {
 //	outboxmill_relay_throttled_seconds_total{outbox}   counter
 //	outboxmill_relay_set_aside_total{outbox}           counter
 //	outboxmill_relay_position_ahead{outbox}            gauge (1: restored database, relay refuses to run)
+//	outboxmill_relay_broker_blocked{outbox}            gauge (1: the broker blocks the relay's publishes)
+//	outboxmill_relay_channels_replaced_total{outbox}   counter (channels replaced after nacks past a bound)
 //	outboxmill_relay_slot_wal_status{outbox,status}    gauge (cdc: 1 for the slot's wal_status)
 //	outboxmill_relay_slot_retained_bytes{outbox}       gauge (cdc: WAL the slot keeps, from its restart_lsn)
 //	outboxmill_relay_slot_confirmed_lag_bytes{outbox}  gauge (cdc: WAL past the slot's confirmed position)
@@ -106,6 +111,20 @@ func NewRelay(reg prometheus.Registerer, outboxTopic string) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
+	blocked, err := register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Subsystem: "relay", Name: "broker_blocked",
+		Help: "1 while the broker blocks the relay's publishes (connection.blocked: a memory or disk alarm); nothing is forwarded until it clears.",
+	}, []string{"outbox"}))
+	if err != nil {
+		return nil, err
+	}
+	replaced, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "relay", Name: "channels_replaced_total",
+		Help: "Broker channels (and connections) the relay replaced because the broker nacked every publish of a routing key on one for too long.",
+	}, []string{"outbox"}))
+	if err != nil {
+		return nil, err
+	}
 	slot, err := newSlotVecs(reg)
 	if err != nil {
 		return nil, err
@@ -116,6 +135,8 @@ func NewRelay(reg prometheus.Registerer, outboxTopic string) (*Relay, error) {
 		throttled:  throttled.WithLabelValues(outboxTopic),
 		setAside:   setAside.WithLabelValues(outboxTopic),
 		ahead:      ahead.WithLabelValues(outboxTopic),
+		blocked:    blocked.WithLabelValues(outboxTopic),
+		replaced:   replaced.WithLabelValues(outboxTopic),
 		slotStatus: slot.status, slotRetained: slot.retained.WithLabelValues(outboxTopic),
 		slotLag: slot.lag.WithLabelValues(outboxTopic), fallback: slot.fallback.WithLabelValues(outboxTopic),
 		slotRecreated: slot.recreated.WithLabelValues(outboxTopic),
@@ -155,6 +176,18 @@ func (r *Relay) PositionAhead(ahead bool) {
 	}
 	r.ahead.Set(0)
 }
+
+// BrokerBlocked implements relay.BrokerMetrics.
+func (r *Relay) BrokerBlocked(blocked bool) {
+	if blocked {
+		r.blocked.Set(1)
+		return
+	}
+	r.blocked.Set(0)
+}
+
+// ChannelReplaced implements relay.BrokerMetrics.
+func (r *Relay) ChannelReplaced() { r.replaced.Inc() }
 
 // slotVecs are the metrics of a CDC relay's replication slot.
 type slotVecs struct {

@@ -117,6 +117,15 @@ type Config struct {
 	// the wait doubles with each refusal of the same row. Defaults 10 ms
 	// and 1 s.
 	RefusalBackoff, MaxRefusalBackoff time.Duration
+	// NackedReplaceAfter (outboxmill) is how long the broker may nack every
+	// publish of a routing key (at least 3 in a row, none confirmed in
+	// between) before the relay replaces its channel and connection and
+	// publishes the rows in flight again from its stored position. A
+	// RabbitMQ 3.10 channel opened while a quorum queue elects a new leader
+	// can have every publish to that queue nacked for as long as it lives;
+	// a queue full with x-overflow reject-publish nacks too, and is only
+	// reconnected to once in a while. Default 5 s; negative: never.
+	NackedReplaceAfter time.Duration
 	// ReleaseInterval (outboxmill) is how often the relay looks for
 	// set-aside rows an operator asked to replay or discard. Default 1 s.
 	ReleaseInterval time.Duration
@@ -212,6 +221,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxRefusalBackoff == 0 {
 		c.MaxRefusalBackoff = time.Second
+	}
+	if c.NackedReplaceAfter == 0 {
+		c.NackedReplaceAfter = 5 * time.Second
 	}
 	if c.ReleaseInterval == 0 {
 		c.ReleaseInterval = time.Second
