@@ -8,9 +8,15 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/handlers/httpapi"
 	"github.com/outboxmill/outboxmill/internal/instance"
 	"github.com/outboxmill/outboxmill/internal/stack"
+	"github.com/outboxmill/outboxmill/internal/tcpproxy"
+	"github.com/outboxmill/outboxmill/module"
+	"github.com/outboxmill/outboxmill/modules"
 )
 
 // brokerBlockedLog is how an Outboxmill relay logs that the broker blocks
@@ -54,7 +60,9 @@ func TestChaos_BrokerBlocked(t *testing.T) {
 	// The relay publishes what is paid meanwhile, and the broker blocks it.
 	var ready httpapi.ReadyJSON
 	var check string
-	waitFor(t, time.Minute, "/readyz to fail a relay's publishing check", func() (bool, error) {
+	// A failing check does not end the test: what SIGTERM does while
+	// blocked is checked all the same.
+	err := poll(time.Minute, func() (bool, error) {
 		status, body, err := httpGet(base + "/readyz")
 		if err != nil || status != http.StatusServiceUnavailable || json.Unmarshal(body, &ready) != nil {
 			return false, err
@@ -67,15 +75,20 @@ func TestChaos_BrokerBlocked(t *testing.T) {
 		}
 		return false, nil
 	})
+	if err != nil {
+		t.Errorf("/readyz did not fail a relay's publishing check while the broker blocked publishing: %v (%+v)", err, ready)
+	}
 	unreadyAfter := time.Since(alarmAt)
 	for name, state := range ready.Checks {
 		if name != check && state != httpapi.CheckOK {
 			t.Errorf("/readyz while the broker blocks publishing: %s is %s, want only %s unavailable", name, state, check)
 		}
 	}
-	waitFor(t, time.Minute, "orders to log why "+check+" fails", func() (bool, error) {
+	if err := poll(time.Minute, func() (bool, error) {
 		return len(grepLog(t, ordersLog, 0, `msg="not ready" dependency="`+check+`" err="broker blocks publishing`)) > 0, nil
-	})
+	}); err != nil {
+		t.Errorf("orders did not log why %q fails: %v", check, err)
+	}
 	if blocked, err := scrapeMetric(ctx, base, "outboxmill_relay_broker_blocked"); err != nil || blocked != 1 {
 		t.Errorf("outboxmill_relay_broker_blocked = %v (%v) while the broker blocks publishing, want 1", blocked, err)
 	}
@@ -118,6 +131,82 @@ func TestChaos_BrokerBlocked(t *testing.T) {
 	faultEnd := time.Now()
 	sc.note("memory alarm after 100 paid orders: /readyz failed %q %s later, the gauge read 1 and the block was logged once; SIGTERM during the alarm stopped orders in %s; alarm cleared and orders restarted %s after it was raised",
 		check, round(unreadyAfter), round(stopTook), round(faultEnd.Sub(alarmAt)))
+	sc.settle(faultEnd)
+	sc.checkRunning()
+}
+
+// TestChaos_QuorumLeaderChange is scenario 17 with the orders service
+// reaching its node through a TCP proxy, cut the moment the node holding
+// every quorum queue's leader is killed: the relay reconnects at once, and
+// its new channel routes its first publishes while the queues elect their
+// new leaders. RabbitMQ 3.10 can nack every publish on such a channel for
+// as long as it lives; the relay must replace it and everything arrive,
+// nothing lost, doubled or out of order.
+func TestChaos_QuorumLeaderChange(t *testing.T) {
+	skipUnlessOutboxmill(t)
+	t.Parallel()
+	ctx := context.Background()
+	pg := instance.StartPostgres(t)
+	nodes := instance.StartRabbitCluster(t, 3)
+	ordersNode, settlementNode, victim := nodes[0], nodes[1], nodes[2]
+	proxy, proxied, err := tcpproxy.For(ordersNode.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	declareQuorum := func(s *stack.Stack) {
+		names := module.Names{Namespace: s.Namespace}
+		top, err := modules.Samples().Topology(names, rabbitmq.QueueQuorum)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rabbitmq.Declare(ctx, ordersNode.URL(), rabbitmq.Topology{Exchanges: top.Exchanges, UnroutableQueue: top.UnroutableQueue, UnroutableType: top.UnroutableType}); err != nil {
+			t.Fatal(err)
+		}
+		if err := rabbitmq.Declare(ctx, victim.URL(), top); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sc := newPrivateScenario(t, 260, "26 quorum leader change, relay reconnecting during the election",
+		stack.Config{
+			Env:            stack.Env{AdminDatabaseURL: pg.AdminURL(), AMQPURL: ordersNode.URL()},
+			ServiceAMQPURL: proxied,
+			OrdersArgs:     ordersArgs("-queue-type", rabbitmq.QueueQuorum),
+			SettlementArgs: []string{"-queue-type", rabbitmq.QueueQuorum},
+			SettlementEnv:  []string{"AMQP_URL=" + settlementNode.URL()},
+		},
+		durableObserverConfig{
+			DeclareURL: victim.URL(), ConsumeURL: settlementNode.URL(),
+			QueueArgs: amqp.Table{"x-queue-type": rabbitmq.QueueQuorum}, before: declareQuorum,
+		})
+	sc.startOrders()
+	sc.startSettlement()
+	tr := sc.startTraffic(trafficConfig{Orders: 800, Rate: 100})
+
+	tr.waitPaid(t, 150)
+	killedAt := time.Now()
+	victim.Kill(t)
+	cut := proxy.Cut()
+	// Events committed after the kill must arrive, the relay having come
+	// through the election on its own.
+	var deliveredAfter int
+	waitFor(t, 2*time.Minute, "100 events committed after the kill delivered", func() (bool, error) {
+		deliveredAfter = sc.deliveredCommittedAfter(killedAt)
+		return deliveredAfter >= 100, nil
+	})
+	recovered := time.Since(killedAt)
+	nacks, err := scrapeMetric(ctx, sc.stack.Orders.URL(), "outboxmill_relay_refused_total", `kind="nack"`)
+	if err != nil {
+		t.Error(err)
+	}
+	replaced, err := scrapeMetric(ctx, sc.stack.Orders.URL(), "outboxmill_relay_channels_replaced_total")
+	if err != nil {
+		t.Error(err)
+	}
+	victim.Start(t)
+	faultEnd := time.Now()
+	sc.note("the node holding every quorum queue's leader was killed after 150 paid orders and the orders service's %d broker connections cut at once; the relay was nacked %.0f times and replaced %.0f channels; 100 events committed after the kill were delivered %s after it; the node was back %s after the kill",
+		cut, nacks, replaced, round(recovered), round(faultEnd.Sub(killedAt)))
 	sc.settle(faultEnd)
 	sc.checkRunning()
 }
