@@ -136,10 +136,10 @@ func TestChaos_BrokerBlocked(t *testing.T) {
 }
 
 // TestChaos_QuorumLeaderChange is scenario 17 with the orders service
-// reaching its node through a TCP proxy, cut the moment the node holding
-// every quorum queue's leader is killed: the relay reconnects at once, and
-// its new channel routes its first publishes while the queues elect their
-// new leaders. RabbitMQ 3.10 can nack every publish on such a channel for
+// reaching its node through a TCP proxy, reset just before the node
+// holding every quorum queue's leader is killed, so that the relay's new
+// channel routes its first publishes while the queues elect their new
+// leaders. RabbitMQ 3.10 can nack every publish on such a channel for
 // as long as it lives; the relay must replace it and everything arrive,
 // nothing lost, doubled or out of order.
 func TestChaos_QuorumLeaderChange(t *testing.T) {
@@ -184,9 +184,16 @@ func TestChaos_QuorumLeaderChange(t *testing.T) {
 	tr := sc.startTraffic(trafficConfig{Orders: 800, Rate: 100})
 
 	tr.waitPaid(t, 150)
+	// The relay reconnects 500 ms (its first retry interval) after its
+	// connection is reset; RabbitMQ 3.10 gave a channel that first
+	// published within about 300 ms of the leader's node dying the dead
+	// leader. So the connections are reset first and the node is killed
+	// 400 ms later: the relay's new channel publishes about 100 to 200 ms
+	// after the kill, during the election.
+	cut := proxy.Cut()
+	time.Sleep(400 * time.Millisecond) // the fault's timing, not a wait for a condition
 	killedAt := time.Now()
 	victim.Kill(t)
-	cut := proxy.Cut()
 	// Events committed after the kill must arrive, the relay having come
 	// through the election on its own.
 	var deliveredAfter int
@@ -205,7 +212,7 @@ func TestChaos_QuorumLeaderChange(t *testing.T) {
 	}
 	victim.Start(t)
 	faultEnd := time.Now()
-	sc.note("the node holding every quorum queue's leader was killed after 150 paid orders and the orders service's %d broker connections cut at once; the relay was nacked %.0f times and replaced %.0f channels; 100 events committed after the kill were delivered %s after it; the node was back %s after the kill",
+	sc.note("the node holding every quorum queue's leader was killed after 150 paid orders and the orders service's %d broker connections reset 400 ms before; the relay was nacked %.0f times and replaced %.0f channels; 100 events committed after the kill were delivered %s after it; the node was back %s after the kill",
 		cut, nacks, replaced, round(recovered), round(faultEnd.Sub(killedAt)))
 	sc.settle(faultEnd)
 	sc.checkRunning()
