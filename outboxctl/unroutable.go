@@ -327,7 +327,7 @@ func republishUnroutable(ctx context.Context, b *broker, d amqp.Delivery, return
 	}
 	ok, err := conf.WaitContext(ctx)
 	if err != nil {
-		return fmt.Errorf("publish to %s: wait for confirm: %w", exchange, err)
+		return fmt.Errorf("publish to %s: wait for confirm: %w", exchange, errors.Join(err, b.conn.Blocked()))
 	}
 	if !ok {
 		return fmt.Errorf("publish to %s: the broker refused it (nack)", exchange)
