@@ -117,10 +117,11 @@ type Config struct {
 	// the wait doubles with each refusal of the same row. Defaults 10 ms
 	// and 1 s.
 	RefusalBackoff, MaxRefusalBackoff time.Duration
-	// NackedReplaceAfter (outboxmill) is how long the broker may nack every
-	// publish of a routing key (at least 3 in a row, none confirmed in
-	// between) before the relay replaces its channel and connection and
-	// publishes the rows in flight again from its stored position. A
+	// NackedReplaceAfter is how long the broker may nack every publish of a
+	// routing key (at least 3 in a row, none confirmed in between) before
+	// the relay replaces its channel and connection (the Outboxmill relay
+	// publishes the rows in flight again from its stored position; the
+	// watermill kind makes a new publisher for its next publish). A
 	// RabbitMQ 3.10 channel opened while a quorum queue elects a new leader
 	// can have every publish to that queue nacked for as long as it lives;
 	// a queue full with x-overflow reject-publish nacks too, and is only
@@ -338,6 +339,14 @@ func NewForwarder(db *sqlx.DB, config Config) (*Forwarder, error) {
 	if err != nil {
 		_ = sub.Close()
 		return nil, fmt.Errorf("relay: broker publisher: %w", err)
+	}
+	pub.nackedFor = config.NackedReplaceAfter
+	pub.replaced = func(topic string, nacks int, since time.Time) {
+		config.Logger.Warn("broker nacks every publish of a routing key on this channel; replacing the publisher and its connection",
+			"outbox", config.Outbox.Topic, "topic", topic, "nacks", nacks, "since", since)
+		if m, ok := config.Metrics.(BrokerMetrics); ok {
+			m.ChannelReplaced()
+		}
 	}
 	sa := &unwrapGuard{db: db, outbox: config.Outbox.Topic, logger: config.Logger}
 	traced := tracingPublisher{Publisher: pub, traces: newPublishTracer(config.TracerProvider, config.Outbox.Topic, config.Exchange)}
