@@ -24,19 +24,35 @@ type BrokerMetrics interface {
 // why.
 type brokerState struct {
 	mu      sync.Mutex
+	conn    uint64 // the connection reporting: a later one's reports win
 	blocked bool
 	reason  string
 }
 
-// brokerBlocked records that the broker blocks (or no longer blocks) the
-// relay's connection, for BrokerHealth and BrokerMetrics.
-func (r *Outboxmill) brokerBlocked(blocked bool, reason string) {
+// watchBroker starts the report of a new connection of the relay: not
+// blocked until it says otherwise. It returns the connection's
+// PublishConnConfig.OnBlocked, which records its reports for BrokerHealth
+// and BrokerMetrics until the relay dials again; what an earlier
+// connection reports later (its close) is ignored.
+func (r *Outboxmill) watchBroker() func(blocked bool, reason string) {
 	r.broker.mu.Lock()
-	r.broker.blocked, r.broker.reason = blocked, reason
+	r.broker.conn++
+	conn := r.broker.conn
 	r.broker.mu.Unlock()
-	if m, ok := r.config.Metrics.(BrokerMetrics); ok {
-		m.BrokerBlocked(blocked)
+	report := func(blocked bool, reason string) {
+		r.broker.mu.Lock()
+		if conn != r.broker.conn {
+			r.broker.mu.Unlock()
+			return
+		}
+		r.broker.blocked, r.broker.reason = blocked, reason
+		r.broker.mu.Unlock()
+		if m, ok := r.config.Metrics.(BrokerMetrics); ok {
+			m.BrokerBlocked(blocked)
+		}
 	}
+	report(false, "")
+	return report
 }
 
 // BrokerHealth returns an error wrapping rabbitmq.ErrBlocked ("broker

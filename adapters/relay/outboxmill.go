@@ -225,7 +225,7 @@ func (r *Outboxmill) lead(ctx context.Context) (err error) {
 		}
 	}
 	conn, err := rabbitmq.DialPublisher(ctx, r.config.AMQPURL, rabbitmq.PublishConnConfig{
-		Corked: true, OnBlocked: r.brokerBlocked, Logger: r.logger,
+		Corked: true, OnBlocked: r.watchBroker(), Logger: r.logger,
 	})
 	if err != nil {
 		return err
