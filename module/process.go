@@ -569,6 +569,7 @@ func (p *Process) relay(db, relayDB *sqlx.DB, box outbox.Config, exchange string
 				}
 				return routed
 			},
+			CloseTimeout:   c.ShutdownTimeout,
 			Logger:         c.Logger,
 			Metrics:        relayMetrics,
 			TracerProvider: c.TracerProvider,
@@ -594,6 +595,12 @@ func (p *Process) relay(db, relayDB *sqlx.DB, box outbox.Config, exchange string
 		if h, ok := r.(interface{ Health() error }); ok {
 			p.readiness = append(p.readiness, httpapi.Check{Name: "relay " + box.Topic,
 				Check: func(context.Context) error { return h.Health() }})
+		}
+		// So does a broker that blocks the relay's publishes (a memory or
+		// disk alarm): nothing this process commits is forwarded.
+		if h, ok := r.(interface{ BrokerHealth() error }); ok {
+			p.readiness = append(p.readiness, httpapi.Check{Name: "relay " + box.Topic + " publishing",
+				Check: func(context.Context) error { return h.BrokerHealth() }})
 		}
 	}
 	if *c.RelayNotify {

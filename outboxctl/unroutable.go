@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -96,7 +97,7 @@ func summarise(d amqp.Delivery, b *broker) UnroutableMessage {
 
 // broker is a channel on the broker and what the unroutable commands need.
 type broker struct {
-	conn   *amqp.Connection
+	conn   *rabbitmq.PublishConn
 	ch     *amqp.Channel
 	queue  string
 	routed func(exchange, routingKey string) bool
@@ -125,13 +126,14 @@ func (o *options) broker(ctx context.Context) (*broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := rabbitmq.Dial(ctx, o.amqpURL)
+	conn, err := rabbitmq.DialPublisher(ctx, o.amqpURL, rabbitmq.PublishConnConfig{Logger: o.logger})
 	if err != nil {
 		return nil, err
 	}
 	ch, err := conn.Channel()
 	if err != nil {
-		_ = conn.Close()
+		b := &broker{conn: conn}
+		b.close()
 		return nil, fmt.Errorf("open channel: %w", err)
 	}
 	names := o.names()
@@ -144,7 +146,7 @@ func (o *options) broker(ctx context.Context) (*broker, error) {
 		}}, nil
 }
 
-func (b *broker) close() { _ = b.conn.Close() }
+func (b *broker) close() { _ = b.conn.CloseWithin(5 * time.Second) }
 
 // depth returns the number of ready messages in the unroutable queue.
 func (b *broker) depth() (int, error) {
@@ -325,7 +327,7 @@ func republishUnroutable(ctx context.Context, b *broker, d amqp.Delivery, return
 	}
 	ok, err := conf.WaitContext(ctx)
 	if err != nil {
-		return fmt.Errorf("publish to %s: wait for confirm: %w", exchange, err)
+		return fmt.Errorf("publish to %s: wait for confirm: %w", exchange, errors.Join(err, b.conn.Blocked()))
 	}
 	if !ok {
 		return fmt.Errorf("publish to %s: the broker refused it (nack)", exchange)

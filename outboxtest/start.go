@@ -2,6 +2,7 @@ package outboxtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -233,16 +234,17 @@ func (r *Running) Publish(t testing.TB, events ...domain.Event) {
 func (r *Running) publish(events []domain.Event) error {
 	ctx, cancel := context.WithTimeout(context.Background(), setUpTimeout)
 	defer cancel()
-	conn, err := rabbitmq.Dial(ctx, r.amqpURL)
+	// A broker that blocks publishing (a resource alarm) is logged, named
+	// in the error, and does not hold the close back.
+	conn, err := rabbitmq.DialPublisher(ctx, r.amqpURL, rabbitmq.PublishConnConfig{})
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer conn.CloseWithin(5 * time.Second) //nolint:errcheck // the events' confirms are what counts
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	defer ch.Close()
 	if err := ch.Confirm(false); err != nil {
 		return fmt.Errorf("enable publisher confirms: %w", err)
 	}
@@ -265,7 +267,7 @@ func (r *Running) publish(events []domain.Event) error {
 		}
 		acked, err := conf.WaitContext(ctx)
 		if err != nil {
-			return fmt.Errorf("publish event %s: wait for the confirm: %w", ev.ID, err)
+			return fmt.Errorf("publish event %s: wait for the confirm: %w", ev.ID, errors.Join(err, conn.Blocked()))
 		}
 		if !acked {
 			return fmt.Errorf("publish event %s: the broker refused it", ev.ID)

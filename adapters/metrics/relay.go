@@ -12,6 +12,9 @@ var (
 	_ relay.Metrics         = (*Relay)(nil)
 	_ relay.SlotMetrics     = (*Relay)(nil)
 	_ relay.PositionMetrics = (*Relay)(nil)
+	_ relay.Metrics         = (*Relay)(nil)
+	_ relay.SlotMetrics     = (*Relay)(nil)
+	_ relay.BrokerMetrics   = (*Relay)(nil)
 )
 
 // Relay counts what a relay publishes: it implements relay.Metrics.
@@ -25,6 +28,8 @@ type Relay struct {
 	setAside   prometheus.Counter
 	ahead      prometheus.Gauge
 	regressed  *prometheus.CounterVec
+	blocked    prometheus.Gauge
+	replaced   prometheus.Counter
 	outbox     string
 
 	slotStatus    *prometheus.GaugeVec
@@ -46,6 +51,8 @@ type Relay struct {
 //	outboxmill_relay_set_aside_total{outbox}           counter
 //	outboxmill_relay_position_ahead{outbox}            gauge (1: restored database, relay refuses to run)
 //	outboxmill_relay_position_regressions_total{outbox,kind} counter (kind missing or backwards)
+//	outboxmill_relay_broker_blocked{outbox}            gauge (1: the broker blocks the relay's publishes)
+//	outboxmill_relay_channels_replaced_total{outbox}   counter (channels replaced after nacks past a bound)
 //	outboxmill_relay_slot_wal_status{outbox,status}    gauge (cdc: 1 for the slot's wal_status)
 //	outboxmill_relay_slot_retained_bytes{outbox}       gauge (cdc: WAL the slot keeps, from its restart_lsn)
 //	outboxmill_relay_slot_confirmed_lag_bytes{outbox}  gauge (cdc: WAL past the slot's confirmed position)
@@ -121,6 +128,20 @@ func NewRelay(reg prometheus.Registerer, outboxTopic string) (*Relay, error) {
 	for _, kind := range []string{relay.PositionMissing, relay.PositionBackwards} {
 		regressed.WithLabelValues(outboxTopic, kind)
 	}
+	blocked, err := register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: Namespace, Subsystem: "relay", Name: "broker_blocked",
+		Help: "1 while the broker blocks the relay's publishes (connection.blocked: a memory or disk alarm); nothing is forwarded until it clears.",
+	}, []string{"outbox"}))
+	if err != nil {
+		return nil, err
+	}
+	replaced, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "relay", Name: "channels_replaced_total",
+		Help: "Broker channels (and connections) the relay replaced because the broker nacked every publish of a routing key on one for too long.",
+	}, []string{"outbox"}))
+	if err != nil {
+		return nil, err
+	}
 	slot, err := newSlotVecs(reg)
 	if err != nil {
 		return nil, err
@@ -132,6 +153,8 @@ func NewRelay(reg prometheus.Registerer, outboxTopic string) (*Relay, error) {
 		throttled:  throttled.WithLabelValues(outboxTopic),
 		setAside:   setAside.WithLabelValues(outboxTopic),
 		ahead:      ahead.WithLabelValues(outboxTopic),
+		blocked:    blocked.WithLabelValues(outboxTopic),
+		replaced:   replaced.WithLabelValues(outboxTopic),
 		slotStatus: slot.status, slotRetained: slot.retained.WithLabelValues(outboxTopic),
 		slotLag: slot.lag.WithLabelValues(outboxTopic), fallback: slot.fallback.WithLabelValues(outboxTopic),
 		slotRecreated: slot.recreated.WithLabelValues(outboxTopic),
@@ -174,6 +197,18 @@ func (r *Relay) PositionAhead(ahead bool) {
 
 // PositionRegressed implements relay.PositionMetrics.
 func (r *Relay) PositionRegressed(kind string) { r.regressed.WithLabelValues(r.outbox, kind).Inc() }
+
+// BrokerBlocked implements relay.BrokerMetrics.
+func (r *Relay) BrokerBlocked(blocked bool) {
+	if blocked {
+		r.blocked.Set(1)
+		return
+	}
+	r.blocked.Set(0)
+}
+
+// ChannelReplaced implements relay.BrokerMetrics.
+func (r *Relay) ChannelReplaced() { r.replaced.Inc() }
 
 // slotVecs are the metrics of a CDC relay's replication slot.
 type slotVecs struct {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"sync"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -99,20 +98,12 @@ func (c corkedConn) Write(p []byte) (int, error) {
 }
 
 // DialCorked is Dial, for a connection whose writes the returned Cork can
-// hold back and send together.
+// hold back and send together. DialPublisher with Corked set is the same
+// with a watch of connection.blocked and a close that cannot hang.
 func DialCorked(ctx context.Context, url string) (*amqp.Connection, *Cork, error) {
-	cork := &Cork{}
-	dial := amqp.DefaultDial(10 * time.Second)
-	conn, err := dialConfig(ctx, url, amqp.Config{Dial: func(network, addr string) (net.Conn, error) {
-		conn, err := dial(network, addr)
-		if err != nil {
-			return nil, err
-		}
-		cork.conn = conn
-		return corkedConn{Conn: conn, cork: cork}, nil
-	}})
+	conn, err := DialPublisher(ctx, url, PublishConnConfig{Corked: true})
 	if err != nil {
 		return nil, nil, err
 	}
-	return conn, cork, nil
+	return conn.Connection, conn.Cork(), nil
 }

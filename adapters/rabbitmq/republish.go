@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	wmamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -20,26 +21,28 @@ var ErrUnroutable = errors.New("message returned by the broker: no queue took it
 // QueuePublisher publishes messages straight to named queues through the
 // default exchange, persistent and with a publisher confirm each. It is
 // meant for operator actions such as replaying a set-aside message, not for
-// throughput.
+// throughput. It logs (slog.Default()) when the broker blocks its
+// publishes (a resource alarm), and Close does not wait for a blocked
+// broker.
 type QueuePublisher struct {
-	conn    *amqp.Connection
+	conn    *PublishConn
 	ch      *amqp.Channel
 	returns chan amqp.Return
 }
 
 // NewQueuePublisher connects to the broker at url.
 func NewQueuePublisher(ctx context.Context, url string) (*QueuePublisher, error) {
-	conn, err := Dial(ctx, url)
+	conn, err := DialPublisher(ctx, url, PublishConnConfig{})
 	if err != nil {
 		return nil, err
 	}
 	ch, err := conn.Channel()
 	if err != nil {
-		_ = conn.Close()
+		_ = conn.CloseWithin(closeTimeout)
 		return nil, fmt.Errorf("open channel: %w", err)
 	}
 	if err := ch.Confirm(false); err != nil {
-		_ = conn.Close()
+		_ = conn.CloseWithin(closeTimeout)
 		return nil, fmt.Errorf("enable publisher confirms: %w", err)
 	}
 	p := &QueuePublisher{conn: conn, ch: ch, returns: make(chan amqp.Return, 1)}
@@ -74,6 +77,9 @@ func (p *QueuePublisher) Publish(ctx context.Context, queue string, msg *message
 	}
 	ok, err := conf.WaitContext(ctx)
 	if err != nil {
+		if blocked := p.conn.Blocked(); blocked != nil {
+			err = fmt.Errorf("%w (%w)", err, blocked)
+		}
 		return fmt.Errorf("publish message %s to %s: wait for confirm: %w", middleware.SafeMessageID(msg.UUID), queue, err)
 	}
 	if !ok {
@@ -88,8 +94,13 @@ func (p *QueuePublisher) Publish(ctx context.Context, queue string, msg *message
 	return nil
 }
 
-// Close closes the connection.
-func (p *QueuePublisher) Close() error { return p.conn.Close() }
+// Close closes the connection, waiting at most 5 s for the broker, and not
+// at all while it blocks the connection.
+func (p *QueuePublisher) Close() error { return p.conn.CloseWithin(closeTimeout) }
+
+// closeTimeout bounds the wait for the broker's answer to the close of an
+// operator tool's connection.
+const closeTimeout = 5 * time.Second
 
 // QueueDepths returns the number of ready messages in each of queues; a
 // queue that does not exist is left out.

@@ -117,6 +117,16 @@ type Config struct {
 	// the wait doubles with each refusal of the same row. Defaults 10 ms
 	// and 1 s.
 	RefusalBackoff, MaxRefusalBackoff time.Duration
+	// NackedReplaceAfter is how long the broker may nack every publish of a
+	// routing key (at least 3 in a row, none confirmed in between) before
+	// the relay replaces its channel and connection (the Outboxmill relay
+	// publishes the rows in flight again from its stored position; the
+	// watermill kind makes a new publisher for its next publish). A
+	// RabbitMQ 3.10 channel opened while a quorum queue elects a new leader
+	// can have every publish to that queue nacked for as long as it lives;
+	// a queue full with x-overflow reject-publish nacks too, and is only
+	// reconnected to once in a while. Default 5 s; negative: never.
+	NackedReplaceAfter time.Duration
 	// ReleaseInterval (outboxmill) is how often the relay looks for
 	// set-aside rows an operator asked to replay or discard. Default 1 s.
 	ReleaseInterval time.Duration
@@ -212,6 +222,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxRefusalBackoff == 0 {
 		c.MaxRefusalBackoff = time.Second
+	}
+	if c.NackedReplaceAfter == 0 {
+		c.NackedReplaceAfter = 5 * time.Second
 	}
 	if c.ReleaseInterval == 0 {
 		c.ReleaseInterval = time.Second
@@ -326,6 +339,14 @@ func NewForwarder(db *sqlx.DB, config Config) (*Forwarder, error) {
 	if err != nil {
 		_ = sub.Close()
 		return nil, fmt.Errorf("relay: broker publisher: %w", err)
+	}
+	pub.nackedFor = config.NackedReplaceAfter
+	pub.replaced = func(topic string, nacks int, since time.Time) {
+		config.Logger.Warn("broker nacks every publish of a routing key on this channel; replacing the publisher and its connection",
+			"outbox", config.Outbox.Topic, "topic", topic, "nacks", nacks, "since", since)
+		if m, ok := config.Metrics.(BrokerMetrics); ok {
+			m.ChannelReplaced()
+		}
 	}
 	sa := &unwrapGuard{db: db, outbox: config.Outbox.Topic, logger: config.Logger}
 	traced := tracingPublisher{Publisher: pub, traces: newPublishTracer(config.TracerProvider, config.Outbox.Topic, config.Exchange)}

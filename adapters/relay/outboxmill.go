@@ -83,7 +83,8 @@ type Outboxmill struct {
 	suspects  map[position]suspicion // rows the broker closed the connection on
 	suspected atomic.Int32           // len(suspects), read without mu
 
-	ahead aheadState // position ahead of the database's transaction ids (restore.go)
+	ahead  aheadState  // position ahead of the database's transaction ids (restore.go)
+	broker brokerState // the broker blocks the relay's publishes (broker.go)
 
 	// known is the position this relay last loaded or stored; empty before
 	// its first load, and after a load of a position ahead of the
@@ -237,16 +238,26 @@ func (r *Outboxmill) lead(ctx context.Context) (err error) {
 			}()
 		}
 	}
-	conn, cork, err := rabbitmq.DialCorked(ctx, r.config.AMQPURL)
+	conn, err := rabbitmq.DialPublisher(ctx, r.config.AMQPURL, rabbitmq.PublishConnConfig{
+		Corked: true, OnBlocked: r.watchBroker(), Logger: r.logger,
+	})
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	// Stopping, the relay waits for the broker at most CloseTimeout/2, and
+	// not at all while the broker blocks the connection (a resource alarm):
+	// the connection is dropped, and what awaited its confirm is published
+	// again from the stored position by the next relay.
+	connDone := make(chan struct{})
+	go conn.AbortWhen(ctx.Done(), connDone, r.config.CloseTimeout/2)
+	defer func() {
+		close(connDone)
+		_ = conn.CloseWithin(r.config.CloseTimeout / 2)
+	}()
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	defer ch.Close()
 	if err := ch.Confirm(false); err != nil {
 		return fmt.Errorf("enable publisher confirms: %w", err)
 	}
@@ -270,7 +281,7 @@ func (r *Outboxmill) lead(ctx context.Context) (err error) {
 
 	// Batches are published as one stream (see stream): while the last
 	// confirms of a batch come back, the next one is already on its way.
-	s, err := newStream(streamCtx, r, l, conn, cork, ch, returns, pos, f)
+	s, err := newStream(streamCtx, r, l, conn, ch, returns, pos, f)
 	if err != nil {
 		return err
 	}

@@ -37,8 +37,15 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
+	return newFixtureAt(t, stack.EnvFromEnvironment().AMQPURL)
+}
+
+// newFixtureAt is newFixture with the broker at amqpURL (a private node).
+func newFixtureAt(t *testing.T, amqpURL string) *fixture {
+	t.Helper()
 	ctx := context.Background()
 	env := stack.EnvFromEnvironment()
+	env.AMQPURL = amqpURL
 	tdb := testdb.NewOrders(t)
 	db, name := tdb.DB, tdb.Name
 	writer := testdb.Writer(t, testdb.Outbox)

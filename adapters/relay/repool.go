@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
@@ -23,15 +24,29 @@ import (
 // with a connection and a pool of its own. While a new one cannot be made
 // (the broker is still away), each publish tries again and fails, and the
 // forwarder sends the row again later, as for any failed publish.
+//
+// It replaces its publisher too when the broker nacked every publish of a
+// topic (at least minNacksToReplace, none confirmed in between) for
+// nackedFor: RabbitMQ 3.10 can nack every publish to a quorum queue on a
+// channel opened while the queue elected a new leader, for as long as the
+// channel lives (see errNackedChannel).
 type repoolingPublisher struct {
 	// open makes a publisher.
 	open func() (message.Publisher, error)
+	// nackedFor is Config.NackedReplaceAfter; 0 or negative: never.
+	nackedFor time.Duration
+	// replaced, when set, is called after a publisher nacked past
+	// nackedFor was dropped.
+	replaced func(topic string, nacks int, since time.Time)
+	// now is the clock; time.Now unless a test sets it.
+	now func() time.Time
 
 	// mu guards the fields below, not the publishes: a publish waiting
 	// for its confirm does not hold Close back.
 	mu     sync.Mutex
 	pub    message.Publisher // nil while none could be made
 	closed bool
+	nacked map[string]nackRun // per topic: the nacks since its last confirmed publish
 }
 
 func newRepoolingPublisher(open func() (message.Publisher, error)) (*repoolingPublisher, error) {
@@ -39,7 +54,7 @@ func newRepoolingPublisher(open func() (message.Publisher, error)) (*repoolingPu
 	if err != nil {
 		return nil, err
 	}
-	return &repoolingPublisher{open: open, pub: pub}, nil
+	return &repoolingPublisher{open: open, pub: pub, now: time.Now, nacked: map[string]nackRun{}}, nil
 }
 
 // current returns the publisher to publish through, making one if there
@@ -67,6 +82,10 @@ func (p *repoolingPublisher) Publish(topic string, msgs ...*message.Message) err
 		return err
 	}
 	err = pub.Publish(topic, msgs...)
+	if p.nackedTooLong(topic, err) {
+		p.drop(pub)
+		return err
+	}
 	if err != nil && lostPooledChannel(err) {
 		// Its pool is empty for good: close it (a closing error says
 		// nothing new) and make another at the next publish.
@@ -78,6 +97,52 @@ func (p *repoolingPublisher) Publish(topic string, msgs ...*message.Message) err
 		_ = closePublisher(pub)
 	}
 	return err
+}
+
+// nackedTooLong records the outcome err of a publish of topic and reports
+// whether every publish of topic has now been nacked for nackedFor.
+func (p *repoolingPublisher) nackedTooLong(topic string, err error) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err == nil {
+		delete(p.nacked, topic)
+		return false
+	}
+	if !nackedPublish(err) || p.nackedFor <= 0 {
+		return false
+	}
+	run, ok := p.nacked[topic]
+	if !ok {
+		run.first = p.now()
+	}
+	run.n++
+	p.nacked[topic] = run
+	if run.n < minNacksToReplace || p.now().Sub(run.first) < p.nackedFor {
+		return false
+	}
+	delete(p.nacked, topic)
+	if p.replaced != nil {
+		p.replaced(topic, run.n, run.first)
+	}
+	return true
+}
+
+// drop closes pub, unless it was replaced already, so that the next
+// publish makes another.
+func (p *repoolingPublisher) drop(pub message.Publisher) {
+	p.mu.Lock()
+	if p.pub == pub {
+		p.pub = nil
+	}
+	p.mu.Unlock()
+	_ = closePublisher(pub)
+}
+
+// nackedPublish reports whether err is watermill-amqp's error for a publish
+// the broker did not confirm (a nack; also a confirm lost with its
+// channel).
+func nackedPublish(err error) bool {
+	return strings.HasPrefix(err.Error(), "delivery not confirmed for message")
 }
 
 // Close implements message.Publisher.

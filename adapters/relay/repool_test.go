@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
@@ -107,5 +108,61 @@ func TestRepoolingPublisher_KeepsThePublisherOnOtherErrors(t *testing.T) {
 		if err := p.Publish("t"); err != nil || made != 1 || pub.closed {
 			t.Fatalf("%v: then publish %v, %d publishers made, closed %v; want the same publisher kept", failure, err, made, pub.closed)
 		}
+	}
+}
+
+// The error watermill-amqp v3.0.2's publisher returns for a publish the
+// broker nacked.
+var errNacked = errors.New("delivery not confirmed for message [6f1c]")
+
+func TestRepoolingPublisher_ReplacesAPublisherNackedPastTheBound(t *testing.T) {
+	// The first publisher's channel is one RabbitMQ nacks every publish of
+	// topic "stuck" on (a quorum queue's old leader); "other" goes through.
+	first := &scriptedPublisher{t: t, name: "the first publisher",
+		script: []error{errNacked, nil, errNacked, errNacked, errNacked, errNacked}}
+	second := &scriptedPublisher{t: t, name: "the second publisher", script: []error{nil}}
+	opens := []message.Publisher{first, second}
+	made := 0
+	p, err := newRepoolingPublisher(func() (message.Publisher, error) {
+		if made == len(opens) {
+			t.Fatalf("publisher %d made, want %d", made+1, len(opens))
+		}
+		made++
+		return opens[made-1], nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1000, 0)
+	p.now = func() time.Time { return now }
+	p.nackedFor = 5 * time.Second
+	var replaced []string
+	p.replaced = func(topic string, nacks int, _ time.Time) {
+		replaced = append(replaced, fmt.Sprintf("%s after %d", topic, nacks))
+	}
+	msg := message.NewMessage("6f1c", nil)
+
+	steps := []struct {
+		topic   string
+		advance time.Duration
+	}{
+		{"stuck", 0},               // nacked: the run starts
+		{"other", time.Second},     // confirmed: another topic's run is its own
+		{"stuck", 2 * time.Second}, // nacked, 3 s into the run
+		{"stuck", time.Second},     // nacked, 4 s: not yet
+		{"stuck", time.Second},     // nacked, 5 s and 4 nacks: replaced
+	}
+	for i, s := range steps {
+		now = now.Add(s.advance)
+		_ = p.Publish(s.topic, msg)
+		if i < len(steps)-1 && len(replaced) > 0 {
+			t.Fatalf("step %d: replaced %v before the bound", i, replaced)
+		}
+	}
+	if len(replaced) != 1 || replaced[0] != "stuck after 4" || !first.closed {
+		t.Fatalf("replaced %v, first closed %v; want [stuck after 4] and closed", replaced, first.closed)
+	}
+	if err := p.Publish("stuck", msg); err != nil || made != 2 {
+		t.Fatalf("publish after the replacement: %v through publisher %d, want nil through the second", err, made)
 	}
 }

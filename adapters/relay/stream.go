@@ -44,6 +44,7 @@ import (
 type stream struct {
 	r        *Outboxmill
 	lease    *lease
+	conn     *rabbitmq.PublishConn
 	ch       *amqp.Channel
 	cork     *rabbitmq.Cork // holds a dispatch's publishes back, to send them in one write
 	frameMax int            // the connection's frame size; 0: unlimited
@@ -68,6 +69,19 @@ type stream struct {
 	throttle time.Time // since when refused rows wait for their retry (zero: none)
 	warned   time.Time // last warning about refusals
 	refusals int       // refusals since the last warning
+	waitFrom time.Time // confirm deadlines count from no earlier than this (see timeUp)
+
+	// nacked holds, per routing key, the nacks since its last publish the
+	// broker confirmed; a routing key nacked past Config.NackedReplaceAfter
+	// ends the stream (see errNackedChannel).
+	nacked  map[string]nackRun
+	replace error // why the channel must be replaced; nil: it need not
+}
+
+// nackRun is an uninterrupted run of nacks of one routing key's publishes.
+type nackRun struct {
+	first time.Time
+	n     int
 }
 
 // entry is a row in the stream's window, or a release marker in its
@@ -115,7 +129,7 @@ func (e *entry) endSpan(failure string) {
 // when done with it.
 // A CDC relay's stream marks its rows through f (see feed.store); a polling
 // relay's f is nil.
-func newStream(ctx context.Context, r *Outboxmill, l *lease, conn *amqp.Connection, cork *rabbitmq.Cork, ch *amqp.Channel, returns <-chan amqp.Return, pos position, f *feed) (*stream, error) {
+func newStream(ctx context.Context, r *Outboxmill, l *lease, conn *rabbitmq.PublishConn, ch *amqp.Channel, returns <-chan amqp.Return, pos position, f *feed) (*stream, error) {
 	blocked, err := r.loadBlocked(ctx)
 	if err != nil {
 		return nil, err
@@ -123,10 +137,10 @@ func newStream(ctx context.Context, r *Outboxmill, l *lease, conn *amqp.Connecti
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	return &stream{
-		r: r, lease: l, ch: ch, cork: cork, frameMax: conn.Config.FrameSize, returns: returns, returned: map[string]string{},
+		r: r, lease: l, conn: conn, ch: ch, cork: conn.Cork(), frameMax: conn.Config.FrameSize, returns: returns, returned: map[string]string{},
 		writer: startPositionWriter(r, l, pos, f),
 		queues: map[string][]*entry{}, limit: r.config.InFlight, packs: newPacker(r.config.PackEvents),
-		blocked: blocked, markers: map[string]*entry{}, timer: timer,
+		blocked: blocked, markers: map[string]*entry{}, timer: timer, nacked: map[string]nackRun{},
 	}, nil
 }
 
@@ -172,6 +186,9 @@ func (s *stream) run(ctx context.Context, batches <-chan batch, closed <-chan *a
 		case <-s.oldestDone():
 			if s.settleConfirms(); s.nackedByClose() {
 				return s.fail(errClosedAwaitingConfirms)
+			}
+			if s.replace != nil {
+				return s.fail(s.replace)
 			}
 		case <-s.timer.C:
 			s.timerAt = time.Time{}
@@ -403,9 +420,11 @@ func (s *stream) settleConfirms() {
 		switch {
 		case !e.confirm.Acked():
 			s.refuse(rows, RefusedNack, "nacked by the broker")
+			s.nack(e.topic)
 		case returned:
 			s.refuse(rows, RefusedReturn, "returned by the broker: "+reason)
 		default:
+			delete(s.nacked, e.topic)
 			s.limit = min(s.limit+1, s.r.config.InFlight)
 			for _, x := range rows {
 				x.endSpan("")
@@ -459,6 +478,49 @@ func (s *stream) refuse(rows []*entry, kind, why string) {
 	}
 }
 
+// nack records a nack of a publish of topic, and asks for the channel to be
+// replaced when topic's publishes have all been nacked, at least
+// minNacksToReplace times, for longer than Config.NackedReplaceAfter.
+func (s *stream) nack(topic string) {
+	run, ok := s.nacked[topic]
+	if !ok {
+		run.first = time.Now()
+	}
+	run.n++
+	s.nacked[topic] = run
+	after := s.r.config.NackedReplaceAfter
+	if after < 0 || run.n < minNacksToReplace || time.Since(run.first) < after || s.replace != nil {
+		return
+	}
+	s.replace = fmt.Errorf("%w: routing key %s nacked %d times in %s with none confirmed",
+		errNackedChannel, topic, run.n, time.Since(run.first).Round(time.Millisecond))
+	s.r.logger.Warn("broker nacks every publish of a routing key on this channel; replacing the channel and its connection",
+		"topic", topic, "nacks", run.n, "since", run.first)
+	if m, ok := s.r.config.Metrics.(BrokerMetrics); ok {
+		m.ChannelReplaced()
+	}
+}
+
+// minNacksToReplace is the fewest nacks in a row of a routing key that make
+// the relay replace its channel.
+const minNacksToReplace = 3
+
+// errNackedChannel ends a stream whose broker channel nacked every publish
+// of a routing key for longer than Config.NackedReplaceAfter. RabbitMQ 3.10
+// can leave a channel opened while a quorum queue elected a new leader
+// publishing to the old one, nacked for as long as the channel lives:
+// retrying on it never ends, a new channel takes the new leader. The rows
+// in flight are published again, in order, from the stored position.
+var errNackedChannel = errors.New("broker nacked every publish of a routing key on this channel")
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 // refusalWarnInterval spaces the warnings about refused publishes.
 const refusalWarnInterval = 10 * time.Second
 
@@ -469,7 +531,7 @@ func (s *stream) armTimer() {
 		at = s.retrying[0].retryAt
 	}
 	if len(s.inflight) > 0 {
-		if d := s.inflight[0].sentAt.Add(s.r.config.ConfirmTimeout); at.IsZero() || d.Before(at) {
+		if d := later(s.inflight[0].sentAt, s.waitFrom).Add(s.r.config.ConfirmTimeout); at.IsZero() || d.Before(at) {
 			at = d
 		}
 	}
@@ -504,7 +566,15 @@ func (s *stream) timeUp() error {
 		s.r.config.Metrics.Throttled(now.Sub(s.throttle))
 		s.throttle = time.Time{}
 	}
-	if len(s.inflight) > 0 && now.Sub(s.inflight[0].sentAt) >= s.r.config.ConfirmTimeout {
+	if len(s.inflight) > 0 && now.Sub(later(s.inflight[0].sentAt, s.waitFrom)) >= s.r.config.ConfirmTimeout {
+		if s.conn.Blocked() != nil {
+			// The broker blocks the connection: no confirm can come before
+			// the alarm clears, on this connection or another. The
+			// deadline starts again; the block is logged, counted and
+			// fails readiness meanwhile.
+			s.waitFrom = now
+			return nil
+		}
 		return s.fail(fmt.Errorf("wait for broker confirm of event %s: none after %s", s.inflight[0].msg.UUID, s.r.config.ConfirmTimeout))
 	}
 	return nil
