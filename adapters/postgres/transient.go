@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"database/sql"
 	"database/sql/driver"
 	"errors"
@@ -113,7 +114,7 @@ func InfrastructureClass(err error) string {
 		return ClassConnection
 	case pgErr != nil:
 		return ""
-	case pgconn.Timeout(err):
+	case pgconn.Timeout(err), errors.Is(err, context.DeadlineExceeded):
 		return ClassTimeout
 	case errors.Is(err, driver.ErrBadConn), errors.Is(err, sql.ErrConnDone),
 		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed),
