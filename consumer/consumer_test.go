@@ -1609,7 +1609,7 @@ func TestConsumer_TransientFailure(t *testing.T) {
 					t.Errorf("set aside: %+v", rows)
 				}
 				// Retried in place, without spending an attempt.
-				if got := f.infraFailures(handlerName, postgres.ClassConflict); got < 3 {
+				if got := f.infraFailures(handlerName, "conflict"); got < 3 {
 					t.Errorf("infrastructure failures %v, want at least 3", got)
 				}
 				if got := f.retries(handlerName); got != 0 {

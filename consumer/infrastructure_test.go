@@ -3,13 +3,18 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/outboxmill/outboxmill/adapters/metrics"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/consumer"
+	"github.com/outboxmill/outboxmill/domain"
 )
 
 // infraFailures returns the sum of the handler's infrastructure failures
@@ -198,4 +203,47 @@ func TestConsumer_ReadOnlySessionsAreReplaced(t *testing.T) {
 			t.Errorf("%v attempts spent on a read-only database, want 0", n)
 		}
 	})
+}
+
+// A held event whose predecessor is applied during its hold, but whose
+// release fails for the infrastructure's fault until the hold has ended,
+// is still released once the infrastructure works again: an outage never
+// leaves it set aside.
+func TestConsumer_HeldReleaseOutlastsItsHold(t *testing.T) {
+	f := newFixture(t)
+	var blocked atomic.Bool
+	recording := f.recordingCases(handlerName)
+	cases := []consumer.Case{
+		recording[0],
+		consumer.On(func(ctx context.Context, tx postgres.Tx, ev consumer.Event[Deposited]) ([]domain.Event, error) {
+			if blocked.Load() {
+				return nil, &pgconn.PgError{Code: "55P03", Message: "canceling statement due to lock timeout (test)"}
+			}
+			return nil, record(ctx, tx, handlerName, ev.ID, ev.Type, ev.SchemaVersion, ev.AggregateType, ev.AggregateID, ev.AggregateVersion,
+				ev.Payload.AmountCents, ev.Payload.Currency, "")
+		}),
+	}
+	f.start(spec{cases: cases, holdFor: 2 * time.Second})
+	a := newAccountID()
+	v1, v2 := accountEvent(a, 1), accountEvent(a, 2)
+	f.publish(v2)
+	held := f.waitSetAside(v2.ID)
+	blocked.Store(true)
+	f.publish(v1)
+	f.waitApplied(v1)
+	eventually(t, timeout, func() bool {
+		return f.count(`SELECT count(*) FROM set_aside_messages WHERE id = $1 AND held_until < now()`, held.ID) == 1
+	}, "the hold of v2 to end")
+	if n := f.rows(v2.ID); n != 0 {
+		t.Fatalf("v2 applied while its release failed")
+	}
+	blocked.Store(false)
+	f.waitApplied(v2)
+	eventually(t, timeout, func() bool { return len(f.setAsideOf(v2.ID)) == 0 }, "released v2 to leave set_aside_messages")
+	if got := f.versions(a); !slices.Equal(got, []int{1, 2}) {
+		t.Errorf("versions of %s: %v, want [1 2]", a, got)
+	}
+	if n := f.infraFailures(handlerName, "lock_timeout"); n < 1 {
+		t.Errorf("%v failed releases counted, want at least 1", n)
+	}
 }

@@ -30,11 +30,13 @@ import (
 // and set aside. A message whose id cannot be a dedup key (none, or not
 // text an index takes as it is: see middleware.CheckMessageID) never joins
 // a batch: Fallback handles it alone, in its place, and its dedup sets it
-// aside at once. Each message Fallback handles is acked; if it fails (a
-// transient error that must not be set aside), the channel is closed,
+// aside at once. Each message Fallback handles is acked; if it fails (the
+// consumer stopping during an outage, a set-aside that cannot be stored),
+// the channel is closed,
 // which returns that message, the rest of the batch and the prefetched
 // deliveries to the queue in their order, and the queue is consumed again
-// after a backoff.
+// after a backoff. A batch that fails for the infrastructure's fault (see
+// Infrastructure) is run again instead of falling back.
 //
 // Each queue has its own connection and channel; a lost connection is
 // redialled with backoff. Deliveries are acked only after their
