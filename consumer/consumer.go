@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -66,8 +67,16 @@ type Config struct {
 	// default rabbitmq.DefaultTransactions. See
 	// rabbitmq.BatchConsumer.Transactions.
 	Transactions int
-	// Retry configures the retries before an event is set aside.
+	// Retry configures the retries before an event is set aside. Its
+	// Infrastructure defaults to postgres.IsTransient: a failure of the
+	// infrastructure (the table in docs/guarantees.md) is retried without
+	// limit and never spends an attempt, on every path (one message at a
+	// time, a batch, the release of held events).
 	Retry middleware.Retry
+	// UnreadyAfter is how long the handler's infrastructure may fail, with
+	// no message committed, before Health reports it; default
+	// DefaultUnreadyAfter.
+	UnreadyAfter time.Duration
 	// Metrics receives the handler's results. Required.
 	Metrics *metrics.Handler
 	// Wrap, when set, is the outermost middleware of each lane's chain.
@@ -110,6 +119,12 @@ func (c *Config) setDefaults() {
 	if c.TracerProvider == nil {
 		c.TracerProvider = otel.GetTracerProvider()
 	}
+	if c.UnreadyAfter == 0 {
+		c.UnreadyAfter = DefaultUnreadyAfter
+	}
+	if c.Retry.Infrastructure == nil {
+		c.Retry.Infrastructure = postgres.IsTransient
+	}
 }
 
 // Consumer runs one handler in a process: its lanes, and the release of
@@ -122,6 +137,7 @@ type Consumer struct {
 	guard    postgres.VersionGuard
 	setAside *postgres.SetAsideStore
 	retry    middleware.Retry
+	outage   *outage                 // the handler's ongoing failure of the infrastructure
 	logs     *middleware.LogThrottle // the handler's warnings, shared by its lanes
 	traces   handleTracer            // the spans of the handler's runs
 	outcomes sync.Map                // *message.Message -> outcome, from its transaction to its commit
@@ -133,6 +149,10 @@ type Consumer struct {
 	holding    sync.Mutex
 	held       bool   // events may be held: the releaser looks for them
 	holds      uint64 // holds so far, so that a look cannot clear a newer hold
+	// released holds the held events whose hold ended and whose release
+	// then failed for their own fault: they stay set aside (the
+	// releaser's own state).
+	released map[int64]bool
 }
 
 // outcome is what a message's transaction did, told after its commit.
@@ -167,6 +187,9 @@ func New(h Handler, cfg Config) (*Consumer, error) {
 	if err := cfg.Retry.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if cfg.UnreadyAfter < 0 {
+		errs = append(errs, fmt.Errorf("consumer %s: negative UnreadyAfter", h.Name))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -179,6 +202,7 @@ func New(h Handler, cfg Config) (*Consumer, error) {
 		traces:   newHandleTracer(cfg.TracerProvider, h.Name),
 		release:  make(chan struct{}, 1),
 		held:     true, // until the first look finds none
+		released: map[int64]bool{},
 	}
 	names, _ := h.EventTypes(cfg.Registry)
 	for i, name := range names {
@@ -186,6 +210,14 @@ func New(h Handler, cfg Config) (*Consumer, error) {
 	}
 	if c.retry.OnRetry == nil {
 		c.retry.OnRetry = cfg.Metrics.Retried
+	}
+	c.outage = newOutage(h.Name, cfg.UnreadyAfter, cfg.Metrics, cfg.Logger)
+	onInfrastructure := c.retry.OnInfrastructure
+	c.retry.OnInfrastructure = func(msg *message.Message, err error) {
+		c.outage.failed(msg.Context(), err)
+		if onInfrastructure != nil {
+			onInfrastructure(msg, err)
+		}
 	}
 	c.dedup = postgres.Dedup{DB: cfg.DB, Handler: h.Name, OnDuplicate: c.duplicate, OnProcessed: c.processed}
 	if cfg.Kind == KindBatch {
@@ -202,6 +234,10 @@ func New(h Handler, cfg Config) (*Consumer, error) {
 			OnBatch:      cfg.Metrics.Batched,
 			Logger:       cfg.Logger,
 			Throttle:     c.logs,
+
+			Infrastructure:    c.retry.Infrastructure,
+			OnInfrastructure:  c.outage.failed,
+			MaxOutageInterval: c.retry.MaxOutageInterval,
 		}
 		if err := c.batch.Validate(); err != nil {
 			return nil, err
@@ -262,6 +298,12 @@ func (c *Consumer) untilHandled(msg *message.Message, chain message.HandlerFunc)
 // Name returns the handler's name.
 func (c *Consumer) Name() string { return c.h.Name }
 
+// Health returns an error while the handler's infrastructure has failed
+// for longer than Config.UnreadyAfter with no message committed since (a
+// database down, read-only or holding a lock the handler waits for), and
+// nil again from the first commit.
+func (c *Consumer) Health() error { return c.outage.health() }
+
 // Run consumes until ctx ends (KindBatch) or Close is called (KindRouter),
 // and releases held events meanwhile.
 func (c *Consumer) Run(ctx context.Context) error {
@@ -316,9 +358,10 @@ func (c *Consumer) chain(queue string) message.HandlerFunc {
 			Store:   c.setAside,
 			Handler: c.h.Name,
 			Topic:   queue,
-			// A message that failed because the database was unreachable
-			// or its session was lost is redelivered, not set aside.
-			IsTransient: postgres.IsTransient,
+			// A message that failed for the infrastructure's fault (the
+			// retry returns one only when the message's context ended) is
+			// redelivered, not set aside.
+			IsTransient: c.retry.Infrastructure,
 			Throttle:    c.logs,
 			OnSetAside:  c.setAsideDone,
 		}.Middleware,
@@ -596,6 +639,7 @@ func (c *Consumer) writeEvents(ctx context.Context, exec wmsql.ContextExecutor, 
 
 // processed is Dedup's OnProcessed: after a commit.
 func (c *Consumer) processed(msg *message.Message) {
+	c.outage.succeeded()
 	v, _ := c.outcomes.LoadAndDelete(msg)
 	o, _ := v.(outcome)
 	// A batch's events are noted on its first message, which may itself be
@@ -616,6 +660,7 @@ func (c *Consumer) processed(msg *message.Message) {
 
 // duplicate is Dedup's OnDuplicate.
 func (c *Consumer) duplicate(msg *message.Message) {
+	c.outage.succeeded()
 	c.outcomes.Delete(msg)
 	c.countDuplicate(msg)
 }
@@ -628,6 +673,7 @@ func (c *Consumer) countDuplicate(msg *message.Message) {
 }
 
 func (c *Consumer) setAsideDone(m middleware.SetAsideMessage) {
+	c.outage.succeeded()
 	if m.Hold != nil {
 		c.holding.Lock()
 		c.held = true
@@ -670,7 +716,9 @@ func (c *Consumer) releaseHeld(ctx context.Context) {
 		c.holding.Unlock()
 		if held {
 			if any, err := c.releaseOnce(ctx); err != nil {
-				if ctx.Err() == nil {
+				if ctx.Err() == nil && c.retry.Infrastructure(err) {
+					c.outage.failed(ctx, err)
+				} else if ctx.Err() == nil {
 					c.logs.Log(ctx, slog.LevelWarn, "release|"+middleware.ErrorClass(err), "consumer: releasing held events failed", "handler", c.h.Name, "error", err)
 				}
 			} else if !any {
@@ -696,7 +744,15 @@ func (c *Consumer) releaseOnce(ctx context.Context) (anyHeld bool, err error) {
 	if err != nil {
 		return true, err
 	}
+	for id := range c.released {
+		if !slices.ContainsFunc(ready, func(m postgres.StoredSetAside) bool { return m.ID == id }) {
+			delete(c.released, id)
+		}
+	}
 	for _, m := range ready {
+		if c.released[m.ID] {
+			continue
+		}
 		orig := m.Original()
 		msg := message.NewMessage(orig.MessageID, orig.Payload)
 		for k, v := range orig.Metadata {
@@ -704,8 +760,19 @@ func (c *Consumer) releaseOnce(ctx context.Context) (anyHeld bool, err error) {
 		}
 		msg.SetContext(ctx)
 		// The chain, less set-aside and retry: a failure leaves the event
-		// held, to be tried again at the next look.
+		// held, to be tried again at the next look. A failure of the
+		// infrastructure ends the look (the events after it wait for it);
+		// the event stays releasable after its hold ends, since its
+		// predecessor was applied while it was held (Releasable).
 		if _, err := middleware.Recoverer(c.dedup.Middleware(c.applyOne))(msg); err != nil {
+			if ctx.Err() != nil || c.retry.Infrastructure(err) {
+				return true, fmt.Errorf("release held event %s: %w", m.MessageID, err)
+			}
+			if m.Hold != nil && time.Now().After(m.Hold.Until) {
+				// Its own failure, once the hold is over: it stays set
+				// aside, for an operator.
+				c.released[m.ID] = true
+			}
 			c.logs.Log(ctx, slog.LevelWarn, "not released|"+middleware.ErrorClass(err), "consumer: held event not released",
 				"handler", c.h.Name, "message_id", m.MessageID, "error", err)
 			continue

@@ -1608,8 +1608,12 @@ func TestConsumer_TransientFailure(t *testing.T) {
 				if rows := f.setAside(); len(rows) != 0 {
 					t.Errorf("set aside: %+v", rows)
 				}
-				if got := f.counter(handlerName, metrics.ResultFailed); got < 1 {
-					t.Errorf("failed metric %v, want at least 1 (nacked for redelivery)", got)
+				// Retried in place, without spending an attempt.
+				if got := f.infraFailures(handlerName, "conflict"); got < 3 {
+					t.Errorf("infrastructure failures %v, want at least 3", got)
+				}
+				if got := f.retries(handlerName); got != 0 {
+					t.Errorf("%v attempts spent on a serialization failure, want 0", got)
 				}
 				var order []string
 				if err := f.db.Select(&order, `SELECT event_id FROM applied ORDER BY seq`); err != nil {

@@ -256,3 +256,103 @@ func TestRecoverer(t *testing.T) {
 }
 
 func panicInHandler() { panic("boom") }
+
+var errOutage = errors.New("database unreachable")
+
+func isOutage(err error) bool { return errors.Is(err, errOutage) }
+
+func TestRetry_Infrastructure(t *testing.T) {
+	t.Parallel()
+
+	t.Run("failures of the infrastructure spend no attempt", func(t *testing.T) {
+		t.Parallel()
+		// 30 failures of the infrastructure, far past MaxRetries, then two
+		// of the message's own, then success.
+		h := &recorder{failures: 32}
+		h.onCall = func(call int) {
+			if call <= 30 {
+				h.err = errOutage
+			} else {
+				h.err = nil
+			}
+		}
+		var outages, retried int
+		retry := middleware.Retry{
+			MaxRetries: 2, InitialInterval: time.Microsecond, MaxInterval: time.Microsecond, MaxOutageInterval: time.Microsecond,
+			Infrastructure:   isOutage,
+			OnInfrastructure: func(_ *message.Message, err error) { outages++ },
+			OnRetry:          func(*message.Message, int, error) { retried++ },
+		}
+		if _, err := retry.Middleware(h.handle)(newMessage(context.Background(), "m-1")); err != nil {
+			t.Fatalf("failed: %v", err)
+		}
+		if n := len(h.callTimes()); n != 33 || outages != 30 || retried != 2 {
+			t.Errorf("%d runs, %d outages, %d attempts retried; want 33, 30, 2", n, outages, retried)
+		}
+	})
+
+	t.Run("the message's own failures still end it", func(t *testing.T) {
+		t.Parallel()
+		h := &recorder{failures: -1}
+		h.onCall = func(call int) {
+			if call%2 == 1 {
+				h.err = errOutage
+			} else {
+				h.err = nil
+			}
+		}
+		retry := middleware.Retry{MaxRetries: 2, InitialInterval: time.Microsecond, MaxInterval: time.Microsecond,
+			MaxOutageInterval: time.Microsecond, Infrastructure: isOutage}
+		_, err := retry.Middleware(h.handle)(newMessage(context.Background(), "m-1"))
+		if a := attemptsOf(t, err); a.Attempts != 3 || len(h.callTimes()) != 6 || !errors.Is(err, errHandler) {
+			t.Errorf("%v after %d runs; want 3 attempts of its own after 6 runs", err, len(h.callTimes()))
+		}
+	})
+
+	t.Run("until the message's context ends", func(t *testing.T) {
+		t.Parallel()
+		h := &recorder{failures: -1, err: errOutage}
+		ctx, cancel := context.WithCancel(context.Background())
+		h.onCall = func(call int) {
+			if call == 50 {
+				cancel()
+			}
+		}
+		retry := middleware.Retry{MaxRetries: 1, InitialInterval: time.Microsecond, MaxInterval: time.Microsecond,
+			MaxOutageInterval: time.Microsecond, Infrastructure: isOutage,
+			OnInfrastructure: func(msg *message.Message, _ error) {
+				if msg.Context().Err() != nil {
+					t.Error("OnInfrastructure called for a failure after the context ended")
+				}
+			}}
+		_, err := retry.Middleware(h.handle)(newMessage(ctx, "m-1"))
+		if !errors.Is(err, context.Canceled) || !errors.Is(err, errOutage) || len(h.callTimes()) != 50 {
+			t.Errorf("%v after %d runs; want the outage and the cancellation after 50", err, len(h.callTimes()))
+		}
+	})
+
+	t.Run("back-off grows to MaxOutageInterval", func(t *testing.T) {
+		t.Parallel()
+		const initial, capped = 2 * time.Millisecond, 20 * time.Millisecond
+		h := &recorder{failures: 8, err: errOutage}
+		retry := middleware.Retry{InitialInterval: initial, MaxInterval: initial, Multiplier: 4,
+			MaxOutageInterval: capped, Infrastructure: isOutage}
+		if _, err := retry.Middleware(h.handle)(newMessage(context.Background(), "m-1")); err != nil {
+			t.Fatal(err)
+		}
+		calls := h.callTimes()
+		// Waits 2, 8, then 20 ms each: a timer never fires early.
+		for i, min := range []time.Duration{initial, 4 * initial, capped, capped, capped} {
+			if gap := calls[i+1].Sub(calls[i]); gap < min {
+				t.Errorf("wait %d: %v, want at least %v", i+1, gap, min)
+			}
+		}
+	})
+
+	t.Run("validate", func(t *testing.T) {
+		t.Parallel()
+		if err := (middleware.Retry{InitialInterval: time.Second, MaxInterval: time.Second, MaxOutageInterval: time.Millisecond}).Validate(); err == nil {
+			t.Error("MaxOutageInterval below InitialInterval accepted")
+		}
+	})
+}

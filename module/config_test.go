@@ -37,6 +37,7 @@ func TestConfig_Validate_Limits(t *testing.T) {
 		{"negative poll interval", func(c *module.Config) { c.RelayPollInterval = -time.Second }, "must not be negative"},
 		{"lease timeout", func(c *module.Config) { c.RelayLeaseTimeout = 500 * time.Millisecond }, "-relay-lease-timeout 500ms is outside 1s..10m"},
 		{"stuck after", func(c *module.Config) { c.StuckAfter = 1000 * time.Hour }, "-stuck-after 1000h is outside 1s..720h"},
+		{"outage unready after", func(c *module.Config) { c.OutageUnreadyAfter = 2 * time.Hour }, "-outage-unready-after 2h is outside 1s..1h"},
 		{"dedup window", func(c *module.Config) { c.Retention.DedupWindow = 30 * time.Second }, "-dedup-window 30s is outside 1m..87600h"},
 		{"retention interval", func(c *module.Config) { c.Retention.Interval = time.Millisecond }, "-retention-interval 1ms is outside 1s..720h"},
 		{"pool", func(c *module.Config) { c.MaxDBConns = 300000 }, "-db-max-conns 300000 is outside 1..262143"},

@@ -70,6 +70,7 @@ func (c Config) limits() []limit {
 		d("-relay-read-interval", c.RelayReadInterval, time.Millisecond, time.Second, ""),
 		n("-relay-pack-events", c.RelayPackEvents, 1, maxPackEvents, "a pack's body is bounded to 64 KiB anyway"),
 		d("-stuck-after", c.StuckAfter, time.Second, 30*24*time.Hour, ""),
+		d("-outage-unready-after", c.OutageUnreadyAfter, time.Second, time.Hour, ""),
 		d("-outbox-retention", c.Retention.OutboxRetention, time.Minute, maxRetention, ""),
 		d("-dedup-window", c.Retention.DedupWindow, time.Minute, maxRetention, ""),
 		d("-retention-interval", c.Retention.Interval, time.Second, 30*24*time.Hour, ""),

@@ -185,7 +185,8 @@ func Main(c Command, args []string, stderr io.Writer) int {
 	fs.IntVar(&cfg.MaxBatch, "batch", rabbitmq.DefaultMaxBatch, "batch consumer: messages of a lane handled in one transaction at most, 1..-prefetch")
 	fs.IntVar(&cfg.Transactions, "transactions", rabbitmq.DefaultTransactions, "batch consumer: lanes of a handler in a transaction at once, 1..65535; a lane waiting for one keeps collecting its deliveries, so a busy database gets fewer, larger transactions")
 	fs.IntVar(&cfg.Prefetch, "prefetch", 64, "deliveries in flight to each lane's consumer, 1..65535 (the AMQP prefetch count)")
-	fs.IntVar(&cfg.Retry.MaxRetries, "max-retries", 4, "retries of a failing message before it is set aside, 1..100")
+	fs.IntVar(&cfg.Retry.MaxRetries, "max-retries", 4, "retries of a failing message before it is set aside, 1..100; failures of the infrastructure (docs/guarantees.md) are retried without counting")
+	fs.DurationVar(&cfg.OutageUnreadyAfter, "outage-unready-after", envDuration("OUTAGE_UNREADY_AFTER", consumer.DefaultUnreadyAfter), "how long a handler's infrastructure may fail with no commit before /readyz fails, 1s..1h (env OUTAGE_UNREADY_AFTER)")
 	fs.IntVar(&cfg.MaxDBConns, "db-max-conns", envInt("DB_MAX_CONNS", defaultMaxDBConns),
 		fmt.Sprintf("connections each PostgreSQL pool opens at most, 1..%d; the relays' held sessions count in it (env DB_MAX_CONNS)", maxDBConns))
 	if err := cli.RetentionFlags(fs, &cfg.Retention); err != nil {

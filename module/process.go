@@ -117,6 +117,12 @@ type Config struct {
 	Transactions int
 	// Retry configures the handlers' retries before an event is set aside.
 	Retry middleware.Retry
+	// OutageUnreadyAfter is how long a handler's infrastructure may fail
+	// (its database down, read-only, or holding a lock past lock_timeout),
+	// with no message committed, before /readyz fails with a check
+	// "consumer <handler>" (Main: -outage-unready-after,
+	// OUTAGE_UNREADY_AFTER); default consumer.DefaultUnreadyAfter.
+	OutageUnreadyAfter time.Duration
 	// MaxDBConns bounds each database pool (Main: -db-max-conns,
 	// DB_MAX_CONNS); default 16.
 	MaxDBConns int
@@ -180,6 +186,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxDBConns == 0 {
 		c.MaxDBConns = defaultMaxDBConns
+	}
+	if c.OutageUnreadyAfter == 0 {
+		c.OutageUnreadyAfter = consumer.DefaultUnreadyAfter
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 20 * time.Second
@@ -462,12 +471,18 @@ func New(ctx context.Context, set Set, config Config) (p *Process, err error) {
 				AMQPURL: config.AMQPURL, Queues: names.Queues(h),
 				Kind: config.Consumer, MaxBatch: config.MaxBatch, Prefetch: config.Prefetch, Transactions: config.Transactions,
 				Retry: config.Retry, Metrics: consumerMetrics.Handler(h.Name),
+				UnreadyAfter: config.OutageUnreadyAfter,
 				CloseTimeout: config.ShutdownTimeout, Logger: config.Logger,
 				TracerProvider: config.TracerProvider,
 			})
 			if err != nil {
 				return nil, err
 			}
+			// A handler whose infrastructure has failed for a while (an
+			// outage, a read-only database, a lock) makes the process
+			// unready until its next commit.
+			p.readiness = append(p.readiness, httpapi.Check{Name: "consumer " + h.Name,
+				Check: func(context.Context) error { return c.Health() }})
 			p.closers = append(p.closers, c.Close)
 			p.components = append(p.components, Component{Name: "consumer " + h.Name, Run: c.Run, Stop: c.Stop})
 			tables[db].Handlers = append(tables[db].Handlers, h.Name)

@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -33,6 +35,8 @@ type Consumer struct {
 	retries *prometheus.CounterVec
 	lag     *prometheus.HistogramVec
 	batches *prometheus.HistogramVec
+	infra   *prometheus.CounterVec
+	outages *outageCollector
 }
 
 // NewConsumer returns consumer metrics registered with reg:
@@ -41,6 +45,8 @@ type Consumer struct {
 //	outboxmill_consumer_retries_total{handler}           counter
 //	outboxmill_consumer_lag_seconds{handler}             histogram
 //	outboxmill_consumer_batch_size{handler}              histogram
+//	outboxmill_consumer_infrastructure_failures_total{handler,class}  counter
+//	outboxmill_consumer_outage_seconds{handler}          gauge (0 when none)
 func NewConsumer(reg prometheus.Registerer) (*Consumer, error) {
 	results, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Subsystem: "consumer", Name: "messages_total",
@@ -72,7 +78,56 @@ func NewConsumer(reg prometheus.Registerer) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{results: results, retries: retries, lag: lag, batches: batches}, nil
+	infra, err := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Subsystem: "consumer", Name: "infrastructure_failures_total",
+		Help: "Handler runs that failed for the infrastructure's fault (postgres.InfrastructureClass: connection, shutdown, lock_timeout, canceled, read_only, resources, conflict, ...), retried without spending the message's attempts.",
+	}, []string{"handler", "class"}))
+	if err != nil {
+		return nil, err
+	}
+	outages, err := register(reg, &outageCollector{
+		desc: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "consumer", "outage_seconds"),
+			"How long the handler's ongoing outage has lasted: since its first failure of the infrastructure with no success after it; 0 when none.",
+			[]string{"handler"}, nil),
+		since: map[string]*atomic.Int64{},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{results: results, retries: retries, lag: lag, batches: batches, infra: infra, outages: outages}, nil
+}
+
+// outageCollector serves outboxmill_consumer_outage_seconds, computed at
+// each scrape from the start of each handler's outage.
+type outageCollector struct {
+	desc  *prometheus.Desc
+	mu    sync.Mutex
+	since map[string]*atomic.Int64 // handler -> start in Unix nanoseconds; 0: none
+}
+
+func (o *outageCollector) Describe(ch chan<- *prometheus.Desc) { ch <- o.desc }
+
+func (o *outageCollector) Collect(ch chan<- prometheus.Metric) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := time.Now()
+	for handler, since := range o.since {
+		v := 0.0
+		if start := since.Load(); start != 0 {
+			v = max(0, now.Sub(time.Unix(0, start)).Seconds())
+		}
+		ch <- prometheus.MustNewConstMetric(o.desc, prometheus.GaugeValue, v, handler)
+	}
+}
+
+// handler returns the start of handler's outage.
+func (o *outageCollector) handler(name string) *atomic.Int64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.since[name] == nil {
+		o.since[name] = new(atomic.Int64)
+	}
+	return o.since[name]
 }
 
 // Handler returns the metrics of the handler named name, whose series start
@@ -87,6 +142,8 @@ func (c *Consumer) Handler(name string) *Handler {
 		retries:   c.retries.WithLabelValues(name),
 		lag:       c.lag.WithLabelValues(name),
 		batches:   c.batches.WithLabelValues(name),
+		infra:     c.infra.MustCurryWith(prometheus.Labels{"handler": name}),
+		outage:    c.outages.handler(name),
 	}
 }
 
@@ -101,6 +158,8 @@ func (c *Consumer) Handler(name string) *Handler {
 type Handler struct {
 	processed, duplicate, failed, setAside, held, retries prometheus.Counter
 	lag, batches                                          prometheus.Observer
+	infra                                                 *prometheus.CounterVec
+	outage                                                *atomic.Int64
 }
 
 // Processed counts a processed message and observes its end-to-end lag
@@ -126,6 +185,20 @@ func (h *Handler) Retried(*message.Message, int, error) { h.retries.Inc() }
 
 // Batched observes the size of a batch of messages committed together.
 func (h *Handler) Batched(size int) { h.batches.Observe(float64(size)) }
+
+// InfrastructureFailed counts a run of the handler that failed for the
+// infrastructure's fault, of the class named (postgres.InfrastructureClass).
+func (h *Handler) InfrastructureFailed(class string) { h.infra.WithLabelValues(class).Inc() }
+
+// Outage records the start of the handler's ongoing outage; the zero time
+// records that none is going on.
+func (h *Handler) Outage(since time.Time) {
+	if since.IsZero() {
+		h.outage.Store(0)
+		return
+	}
+	h.outage.Store(since.UnixNano())
+}
 
 // Finished counts a message the handler chain failed (so it is nacked).
 func (h *Handler) Finished(_ *message.Message, err error) {

@@ -338,18 +338,24 @@ func countBy(ctx context.Context, db sqlx.QueryerContext, query string) (map[str
 }
 
 // Releasable returns the messages of handler held back for their
-// aggregate's previous version (see middleware.HoldError) whose hold has not
-// ended and whose previous version the handler has applied since, in
-// version order; anyHeld reports whether the handler has held messages at
-// all, released or not.
+// aggregate's previous version (see middleware.HoldError) whose previous
+// version the handler has applied before their hold ended, in version
+// order: also after the hold ended, so that a release that the
+// infrastructure kept failing (a database down, a lock) never leaves an
+// event set aside. anyHeld reports whether the handler has messages whose
+// hold has not ended or that are releasable.
 func (s *SetAsideStore) Releasable(ctx context.Context, handler string) (ready []StoredSetAside, anyHeld bool, err error) {
 	rows, err := s.db.QueryContext(ctx, `
-		SELECT `+setAsideColumns+`,
-			EXISTS (SELECT 1 FROM aggregate_versions v
-				WHERE v.handler = s.handler AND v.aggregate_type = s.aggregate_type
-				AND v.aggregate_id = s.aggregate_id AND v.version = s.aggregate_version - 1)
-		FROM set_aside_messages s
-		WHERE handler = $1 AND held_until > now()
+		SELECT `+setAsideColumns+`, releasable, aggregate_type, aggregate_id, aggregate_version, held_until FROM (
+			SELECT s.*,
+				EXISTS (SELECT 1 FROM aggregate_versions v
+					WHERE v.handler = s.handler AND v.aggregate_type = s.aggregate_type
+					AND v.aggregate_id = s.aggregate_id AND v.version = s.aggregate_version - 1
+					AND v.applied_at <= s.held_until) AS releasable
+			FROM set_aside_messages s
+			WHERE handler = $1 AND held_until IS NOT NULL
+		) h
+		WHERE held_until > now() OR releasable
 		ORDER BY aggregate_type, aggregate_id, aggregate_version
 		LIMIT 1000`, handler)
 	if err != nil {
@@ -358,10 +364,12 @@ func (s *SetAsideStore) Releasable(ctx context.Context, handler string) (ready [
 	defer rows.Close()
 	for rows.Next() {
 		var releasable bool
-		m, err := scanSetAside(rows, &releasable)
+		var hold middleware.Hold
+		m, err := scanSetAside(rows, &releasable, &hold.AggregateType, &hold.AggregateID, &hold.AggregateVersion, &hold.Until)
 		if err != nil {
 			return nil, true, fmt.Errorf("list held messages: %w", err)
 		}
+		m.Hold = &hold
 		anyHeld = true
 		if releasable {
 			ready = append(ready, m)

@@ -30,11 +30,13 @@ import (
 // and set aside. A message whose id cannot be a dedup key (none, or not
 // text an index takes as it is: see middleware.CheckMessageID) never joins
 // a batch: Fallback handles it alone, in its place, and its dedup sets it
-// aside at once. Each message Fallback handles is acked; if it fails (a
-// transient error that must not be set aside), the channel is closed,
+// aside at once. Each message Fallback handles is acked; if it fails (the
+// consumer stopping during an outage, a set-aside that cannot be stored),
+// the channel is closed,
 // which returns that message, the rest of the batch and the prefetched
 // deliveries to the queue in their order, and the queue is consumed again
-// after a backoff.
+// after a backoff. A batch that fails for the infrastructure's fault (see
+// Infrastructure) is run again instead of falling back.
 //
 // Each queue has its own connection and channel; a lost connection is
 // redialled with backoff. Deliveries are acked only after their
@@ -90,6 +92,20 @@ type BatchConsumer struct {
 	OnBatch func(size int)
 	// Logger receives failures; default slog.Default().
 	Logger *slog.Logger
+	// Infrastructure, when set, reports errors that are the
+	// infrastructure's fault rather than a message's (postgres.IsTransient):
+	// a batch that fails with one is run again, whole, after a wait growing
+	// from MinBackoff to MaxOutageInterval, until it commits, fails for
+	// another reason (its messages then go to Fallback) or Run's context
+	// ends (they go back to the queue). When nil, every failed batch goes
+	// to Fallback.
+	Infrastructure func(error) bool
+	// OnInfrastructure, when set, is called with each failure of a batch
+	// that Infrastructure reports.
+	OnInfrastructure func(ctx context.Context, err error)
+	// MaxOutageInterval caps the wait between two runs of a batch that
+	// failed for the infrastructure's fault; default MaxBackoff.
+	MaxOutageInterval time.Duration
 	// Throttle, when set, logs the warnings about failures that repeat
 	// (consuming again after a failure) instead of a throttle of the
 	// consumer's own over Logger, which logs a few of each kind a minute
@@ -136,6 +152,9 @@ func (c *BatchConsumer) setDefaults() {
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = 5 * time.Second
 	}
+	if c.MaxOutageInterval == 0 {
+		c.MaxOutageInterval = c.MaxBackoff
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -162,7 +181,7 @@ func (c *BatchConsumer) Validate() error {
 	if c.Handle == nil || c.Fallback == nil {
 		errs = append(errs, errors.New("batch consumer: needs a batch handler and a fallback"))
 	}
-	if c.MaxBatch < 0 || c.Prefetch < 0 || c.Linger < 0 || c.Transactions < 0 || c.MinBackoff < 0 || c.MaxBackoff < 0 {
+	if c.MaxBatch < 0 || c.Prefetch < 0 || c.Linger < 0 || c.Transactions < 0 || c.MinBackoff < 0 || c.MaxBackoff < 0 || c.MaxOutageInterval < 0 {
 		errs = append(errs, errors.New("batch consumer: sizes and durations must not be negative"))
 	}
 	if c.Prefetch > 0 && c.MaxBatch > c.Prefetch {
@@ -370,7 +389,10 @@ func markReceived(d amqp.Delivery) {
 // with the ones after it.
 func (l *lane) handle(ctx context.Context, batch []amqp.Delivery) error {
 	// A batch in hand is finished even when ctx ends: its transaction is
-	// short, and finishing it spares a redelivery.
+	// short, and finishing it spares a redelivery. The messages keep ctx:
+	// a message the fallback retries through an outage goes back to the
+	// queue when the consumer stops, rather than hold the stop up.
+	stop := ctx
 	ctx = context.WithoutCancel(ctx)
 	h := inHand{deliveries: batch, last: make([]int, len(batch))}
 	for i, d := range batch {
@@ -379,7 +401,7 @@ func (l *lane) handle(ctx context.Context, batch []amqp.Delivery) error {
 			return err
 		}
 		for _, msg := range msgs {
-			msg.SetContext(ctx)
+			msg.SetContext(stop)
 		}
 		h.msgs = append(h.msgs, msgs...)
 		h.last[i] = len(h.msgs) - 1
@@ -396,7 +418,7 @@ func (l *lane) handle(ctx context.Context, batch []amqp.Delivery) error {
 			}
 			continue
 		}
-		if err := l.settle(ctx, &h, r.start, r.end); err != nil {
+		if err := l.settle(ctx, stop, &h, r.start, r.end); err != nil {
 			return err
 		}
 	}
@@ -463,12 +485,35 @@ func runs(msgs []*message.Message) []run {
 func usableID(id string) bool { return id != "" && middleware.CheckMessageID(id) == nil }
 
 // settle handles h.msgs[start:end] in one transaction and acks the
-// deliveries it completes; if the batch fails, it hands each message to the
-// fallback in order, acking each delivery it completed.
-func (l *lane) settle(ctx context.Context, h *inHand, start, end int) error {
-	l.acquire()
-	_, err := l.processBatch(ctx, h.msgs[start:end])
-	l.release()
+// deliveries it completes; if the batch fails for the infrastructure's
+// fault it runs it again (see Infrastructure) until stop ends, and if it
+// fails otherwise, it hands each message to the fallback in order, acking
+// each delivery it completed.
+func (l *lane) settle(ctx, stop context.Context, h *inHand, start, end int) error {
+	wait := l.c.MinBackoff
+	var err error
+	for {
+		l.acquire()
+		_, err = l.processBatch(ctx, h.msgs[start:end])
+		l.release()
+		if err == nil || l.c.Infrastructure == nil || !l.c.Infrastructure(err) {
+			break
+		}
+		if stop.Err() != nil {
+			return fmt.Errorf("batch of %d failed while stopping; it goes back to the queue: %w", end-start, err)
+		}
+		if l.c.OnInfrastructure != nil {
+			l.c.OnInfrastructure(stop, err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-stop.Done():
+			t.Stop()
+			return fmt.Errorf("batch of %d failed while stopping; it goes back to the queue: %w", end-start, err)
+		case <-t.C:
+		}
+		wait = min(2*wait, l.c.MaxOutageInterval)
+	}
 	if err == nil {
 		if l.c.OnBatch != nil {
 			l.c.OnBatch(end - start)

@@ -2,13 +2,17 @@ package relay
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jmoiron/sqlx"
+
+	"github.com/outboxmill/outboxmill/adapters/postgres"
 )
 
 // errLeaseExpired means the relay could not renew its lease in time: it
@@ -41,6 +45,7 @@ type lease struct {
 	timeout time.Duration
 
 	mu         sync.Mutex // serialises the uses of conn
+	unusable   bool       // a use failed for the session's fault; under mu
 	validUntil atomic.Pointer[time.Time]
 	stop       chan struct{}
 	done       chan struct{}
@@ -55,6 +60,13 @@ func (r *Outboxmill) acquireLease(ctx context.Context) (*lease, error) {
 	}
 	l := &lease{conn: conn, key: advisoryKey("relay:" + r.config.Outbox.Topic + ":" + r.config.ConsumerGroup),
 		timeout: r.config.LeaseTimeout, stop: make(chan struct{}), done: make(chan struct{})}
+	// A session that cannot write (a database set read-only, a standby)
+	// could hold the lock but never move the position.
+	if l.discard() {
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		_ = conn.Close()
+		return nil, fmt.Errorf("relay lock: %w", postgres.ErrReadOnlySession)
+	}
 	// The timeouts apply to this session only: one while it is idle
 	// outside a transaction, the other while it is idle inside one (a
 	// relay frozen in the middle of a position update). A session ended
@@ -99,12 +111,19 @@ func (r *Outboxmill) takeLock(ctx context.Context, l *lease) error {
 }
 
 // use runs f on the lease's session and, when it succeeds, extends the
-// lease's validity from the moment f started.
+// lease's validity from the moment f started. When f fails because the
+// session is unusable (broken, ended, or read-only: postgres.
+// IsUnusableSession), the lease ends at once: release then discards the
+// session, and the relay takes a fresh one for its next lease.
 func (l *lease) use(ctx context.Context, f func(context.Context, *sqlx.Conn) error) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	started := time.Now()
 	if err := f(ctx, l.conn); err != nil {
+		if postgres.IsUnusableSession(err) {
+			l.unusable = true
+			l.validUntil.Store(nil)
+		}
 		return err
 	}
 	until := started.Add(l.timeout * 9 / 10)
@@ -146,10 +165,17 @@ func (l *lease) renew() {
 }
 
 // release stops renewing, unlocks and returns the connection to the pool
-// without the lease's session timeout.
+// without the lease's session timeout; a session that proved unusable, or
+// that the server reports read-only (postgres.UsableSession), is closed
+// instead, which ends its lock with it.
 func (l *lease) release() {
 	close(l.stop)
 	<-l.done
+	if l.unusable || l.discard() {
+		_ = l.conn.Raw(func(any) error { return driver.ErrBadConn })
+		_ = l.conn.Close()
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = l.use(ctx, func(ctx context.Context, conn *sqlx.Conn) error {
@@ -163,4 +189,17 @@ func (l *lease) release() {
 		return err
 	})
 	_ = l.conn.Close()
+}
+
+// discard reports whether the lease's session must not go back to the pool:
+// it is closed or read-only.
+func (l *lease) discard() bool {
+	bad := false
+	_ = l.conn.Raw(func(dc any) error {
+		if c, ok := dc.(interface{ Conn() *pgx.Conn }); ok {
+			bad = postgres.UsableSession(c.Conn().PgConn()) != nil
+		}
+		return nil
+	})
+	return bad
 }
