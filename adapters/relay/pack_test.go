@@ -10,6 +10,7 @@ import (
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/domain/orders"
+	"github.com/outboxmill/outboxmill/internal/testdb"
 )
 
 // receiveMessages collects messages from d until they carry n events,
@@ -102,6 +103,18 @@ func TestOutboxmill_ReturnedPackGoesAgainEventByEvent(t *testing.T) {
 	for _, a := range aggs {
 		f.commit(a, 1)
 	}
+	// The relay's first read must find all ten: a transaction open anywhere
+	// on the shared server (another test's) holds back the rows of later
+	// transactions, which would then come in a read, and a pack, of their
+	// own.
+	waitFor(t, time.Minute, "the ten rows below every open transaction", func() bool {
+		var below bool
+		if err := f.db.Get(&below, `SELECT pg_snapshot_xmin(pg_current_snapshot()) > (SELECT max(transaction_id) FROM `+
+			testdb.Outbox.Table()+`)`); err != nil {
+			t.Fatal(err)
+		}
+		return below
+	})
 	cfg := f.config()
 	failures := &countingMetrics{}
 	cfg.Metrics = failures

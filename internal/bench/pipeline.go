@@ -590,16 +590,27 @@ func (r *runner) measureLatency(ctx context.Context, p *pipeline, capacity float
 		var measured []string
 		for rep := 0; rep < r.cfg.Reps; rep++ {
 			watch := r.watchHorizon(ctx, p.work.orders.name, p.work.settle.name)
-			res, err := r.pacedTraced(ctx, p, load)
+			// With Config.Stages the relay and the consumer report each
+			// event's stages to p's tracker until the events of the window
+			// are handled: on a loaded machine the consumer may take them
+			// only after the window.
+			untrace := func() {}
+			if r.cfg.Stages {
+				untrace = trace.Install(p.tr)
+			}
+			res, err := paced(ctx, p.units, load, r.cfg.Warmup, r.cfg.LatencyWindow, p.tr)
 			hs, werr := watch.stop()
 			if err != nil {
+				untrace()
 				return err
 			}
 			if werr != nil {
+				untrace()
 				return werr
 			}
 			horizon = worseHorizon(horizon, hs)
 			lost, stall, err := r.waitHandled(ctx, p.v.label, p.tr, r.pipelineBacklog(p))
+			untrace()
 			if err != nil {
 				return fmt.Errorf("wait for the consumer at %d/s: %w (%s)", load, err, stall)
 			}
@@ -641,16 +652,6 @@ func (r *runner) measureLatency(ctx context.Context, p *pipeline, capacity float
 		}
 	}
 	return nil
-}
-
-// pacedTraced offers load to p's producers for a latency window; with
-// Config.Stages the relay and the consumer report each event's stages to
-// p's tracker meanwhile.
-func (r *runner) pacedTraced(ctx context.Context, p *pipeline, load int) (pacedResult, error) {
-	if r.cfg.Stages {
-		defer trace.Install(p.tr)()
-	}
-	return paced(ctx, p.units, load, r.cfg.Warmup, r.cfg.LatencyWindow, p.tr)
 }
 
 // formatStages renders each step's p50 / p99 in ms.
