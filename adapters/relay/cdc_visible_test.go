@@ -63,6 +63,9 @@ func TestCDC_PublishesATransactionOnlyOnceVisible(t *testing.T) {
 	if err := conn.GetContext(ctx, &pid, `SELECT pg_backend_pid()`); err != nil {
 		t.Fatal(err)
 	}
+	// A commit waits for standbys only once the checkpointer, too, has
+	// read the new setting: until a probe's commit waits, commit probes.
+	awaitStandbyWaits(t, f.db, admin)
 	waiting := domain.Event(cdcEvent("visible-held", 1))
 	commitDone := make(chan error, 1)
 	go func() { commitDone <- commitOn(ctx, conn, f, waiting, "on") }()
@@ -159,4 +162,64 @@ func walsenderWrite(t *testing.T, admin *sqlx.DB, pid int64) pglogrepl.LSN {
 		t.Fatal(err)
 	}
 	return l
+}
+
+// awaitStandbyWaits commits probes through db (a table of their own,
+// synchronous_commit on) until one waits for the standby, and leaves that
+// one waiting: the server applies synchronous_standby_names to commits
+// only once its checkpointer has read it, which a loaded machine delays.
+func awaitStandbyWaits(t *testing.T, db *sqlx.DB, admin *sqlx.DB) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := db.Exec(`CREATE TABLE IF NOT EXISTS standby_probe (at timestamptz)`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "a probe's commit to wait for the standby", func() bool {
+		conn, err := db.Connx(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pid int
+		if err := conn.GetContext(ctx, &pid, `SELECT pg_backend_pid()`); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			tx, err := conn.BeginTxx(ctx, nil)
+			if err == nil {
+				_, err = tx.ExecContext(ctx, `SELECT set_config('synchronous_commit', 'on', true); INSERT INTO standby_probe VALUES (now())`)
+				if err == nil {
+					err = tx.Commit()
+				} else {
+					_ = tx.Rollback()
+				}
+			}
+			done <- err
+		}()
+		for {
+			select {
+			case err := <-done:
+				_ = conn.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return false // committed without waiting: try again
+			default:
+			}
+			var event sql.NullString
+			if err := admin.Get(&event, `SELECT wait_event FROM pg_stat_activity WHERE pid = $1`, pid); err != nil {
+				t.Fatal(err)
+			}
+			if event.String == "SyncRep" {
+				// Released when the standby's name is reset.
+				t.Cleanup(func() {
+					reload(t, admin, `ALTER SYSTEM RESET synchronous_standby_names`)
+					<-done
+					_ = conn.Close()
+				})
+				return true
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
 }

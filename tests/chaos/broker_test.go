@@ -40,7 +40,10 @@ func TestChaos_BrokerBlocked(t *testing.T) {
 		durableObserverConfig{DeclareURL: node.URL(), ConsumeURL: node.URL()})
 	sc.startOrders()
 	sc.startSettlement()
-	tr := sc.startTraffic(trafficConfig{Orders: 600, Rate: 100})
+	// The broker blocks a connection only when it publishes: the traffic
+	// goes on well past the alarm, which rabbitmqctl may take seconds to
+	// raise on a loaded machine.
+	tr := sc.startTraffic(trafficConfig{Orders: 2000, Rate: 100})
 	ordersLog := sc.logPath(sc.stack.Orders)
 	base := sc.stack.Orders.URL()
 
