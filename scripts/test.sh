@@ -12,7 +12,8 @@ require_go
 cd "$ROOT"
 go mod download
 go vet ./...
-# Three packages at a time: most of the suite waits on the servers, and the
+# Three packages at a time: most of the suite
+# waits on the servers (traffic at a set rate, restarts); the
 # chaos scenarios, the longest package, go first.
 go test -p 3 -count=1 -timeout 14m ./tests/chaos ./... "$@"
 if (($# == 0)) && [[ ${FUZZTIME:-3s} != 0 ]]; then
