@@ -82,10 +82,20 @@ type Config struct {
 	// a lower cost per event and up to this much more delay. Default
 	// relay.DefaultReadInterval (3 ms).
 	RelayReadInterval time.Duration
+	// WireFormat is how the relays of the publishing modules run lay
+	// events out on the broker (relay.Config.Format; Main: -wire-format,
+	// WIRE_FORMAT), unless WireFormats names another for a module. Default
+	// rabbitmq.FormatStandard, one message per event that any consumer
+	// reads; rabbitmq.FormatLean and rabbitmq.FormatPacked only for a
+	// module whose every consumer is an Outboxmill one (docs/wire.md).
+	WireFormat rabbitmq.Format
+	// WireFormats maps a publishing module's name to its own wire format
+	// (Main: -NAME-wire-format, NAME_WIRE_FORMAT).
+	WireFormats map[string]rabbitmq.Format
 	// RelayPackEvents is the most events one AMQP message of an Outboxmill
-	// or cdc relay carries (relay.Config.PackEvents; Main:
-	// -relay-pack-events, RELAY_PACK_EVENTS); 1 publishes every event
-	// alone, for consumers of a version before packs. Default
+	// or cdc relay carries when the module's wire format is
+	// rabbitmq.FormatPacked (relay.Config.PackEvents; Main:
+	// -relay-pack-events, RELAY_PACK_EVENTS). Default
 	// relay.DefaultPackEvents.
 	RelayPackEvents int
 	// RelayNotify sends a PostgreSQL notification after each commit that
@@ -172,6 +182,9 @@ func (c *Config) setDefaults() {
 		on := true
 		c.RelayNotify = &on
 	}
+	if c.WireFormat == "" {
+		c.WireFormat = rabbitmq.FormatStandard
+	}
 	if c.Consumer == "" {
 		c.Consumer = consumer.KindBatch
 	}
@@ -245,6 +258,20 @@ func (c Config) Validate(set Set) error {
 	for name := range c.RelayDatabaseURLs {
 		if _, ok := set.Find(name); !ok {
 			errs = append(errs, fmt.Errorf("relay database URL for unknown module %q", name))
+		}
+	}
+	if _, err := rabbitmq.ParseFormat(string(c.WireFormat)); err != nil {
+		errs = append(errs, err)
+	}
+	for name, f := range c.WireFormats {
+		switch m, ok := set.Find(name); {
+		case !ok:
+			errs = append(errs, fmt.Errorf("wire format for unknown module %q", name))
+		case len(m.Publishes) == 0:
+			errs = append(errs, fmt.Errorf("wire format for module %s, which publishes nothing", name))
+		}
+		if _, err := rabbitmq.ParseFormat(string(f)); err != nil {
+			errs = append(errs, fmt.Errorf("module %s: %w", name, err))
 		}
 	}
 	if err := c.checkPools(set); err != nil {
@@ -440,7 +467,7 @@ func New(ctx context.Context, set Set, config Config) (p *Process, err error) {
 					return nil, fmt.Errorf("module %s: relay: %w", name, err)
 				}
 			}
-			if listener, err = p.relay(db, relayDB, box, names.Exchange(m.Name), topology, reg); err != nil {
+			if listener, err = p.relay(db, relayDB, box, m.Name, names.Exchange(m.Name), topology, reg); err != nil {
 				return nil, fmt.Errorf("module %s: %w", name, err)
 			}
 			if writer, err = outbox.NewWriter(box, p.registry, watermill.NewSlogLogger(config.Logger)); err != nil {
@@ -559,7 +586,7 @@ func (p *Process) purger(purger *retention.Purger, err error) (*retention.Purger
 // relay builds the relay of box on relayDB, when this process runs relays,
 // and returns what a commit of box must wake: that relay in process, and
 // relays of other instances through a notification sent on db.
-func (p *Process) relay(db, relayDB *sqlx.DB, box outbox.Config, exchange string, topology rabbitmq.Topology, reg prometheus.Registerer) (app.CommitListener, error) {
+func (p *Process) relay(db, relayDB *sqlx.DB, box outbox.Config, module, exchange string, topology rabbitmq.Topology, reg prometheus.Registerer) (app.CommitListener, error) {
 	c := p.config
 	var listeners app.CommitListeners
 	channel := relay.DefaultNotifyChannel + "_" + box.Topic
@@ -577,6 +604,8 @@ func (p *Process) relay(db, relayDB *sqlx.DB, box outbox.Config, exchange string
 			LeaseTimeout: c.RelayLeaseTimeout,
 			ReadInterval: c.RelayReadInterval,
 			PackEvents:   c.RelayPackEvents,
+			Format:       c.wireFormat(module),
+			AppID:        module,
 			RequireRoute: func(topic string) bool {
 				routed := routes(topic)
 				if !routed {
@@ -660,4 +689,12 @@ func (p *Process) close() {
 	for _, db := range p.pools {
 		_ = db.Close()
 	}
+}
+
+// wireFormat returns the wire format of the publishing module named name.
+func (c Config) wireFormat(name string) rabbitmq.Format {
+	if f, ok := c.WireFormats[name]; ok && f != "" {
+		return f
+	}
+	return c.WireFormat
 }

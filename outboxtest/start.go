@@ -257,7 +257,7 @@ func (r *Running) publish(events []domain.Event) error {
 		if err != nil {
 			return err
 		}
-		pub, err := rabbitmq.Marshaler{}.Marshal(msg)
+		pub, err := rabbitmq.Marshaler{AppID: m.Name}.Marshal(msg)
 		if err != nil {
 			return fmt.Errorf("publish event %s: %w", ev.ID, err)
 		}

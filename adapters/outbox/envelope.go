@@ -17,6 +17,7 @@ import (
 // Message metadata keys set on every event message.
 const (
 	MetaEventType        = "event_type"
+	MetaSchemaVersion    = "schema_version"
 	MetaAggregateType    = "aggregate_type"
 	MetaAggregateID      = "aggregate_id"
 	MetaAggregateVersion = "aggregate_version"
@@ -84,6 +85,7 @@ func Encode(ev domain.Event) (*message.Message, error) {
 	}
 	msg := message.NewMessage(ev.ID, body)
 	msg.Metadata.Set(MetaEventType, ev.Type)
+	msg.Metadata.Set(MetaSchemaVersion, strconv.Itoa(ev.SchemaVersion))
 	msg.Metadata.Set(MetaAggregateType, ev.AggregateType)
 	msg.Metadata.Set(MetaAggregateID, ev.AggregateID)
 	msg.Metadata.Set(MetaAggregateVersion, strconv.Itoa(ev.AggregateVersion))
@@ -105,7 +107,7 @@ const EventContentType = "application/x-om-event"
 
 // derivedKeys are the metadata keys Encode sets from the event, in the
 // order DerivedMetadata returns them.
-var derivedKeys = [...]string{MetaEventType, MetaAggregateType, MetaAggregateID, MetaAggregateVersion, MetaOccurredAt}
+var derivedKeys = [...]string{MetaEventType, MetaSchemaVersion, MetaAggregateType, MetaAggregateID, MetaAggregateVersion, MetaOccurredAt}
 
 // IsDerived reports whether key is one of the metadata keys Encode sets
 // from the event itself, which DerivedMetadata reads back from the body.
@@ -119,27 +121,32 @@ func IsDerived(key string) bool {
 }
 
 // DerivedMetadata returns the metadata Encode sets on the message of an
-// event, read from the message's body: its event type, aggregate type, id
+// event, read from the message's body: its event type, schema version, aggregate type, id
 // and version, and occurrence time, as Encode writes them. ok is false when
 // body is not an event envelope with those fields. It reads only those
 // fields: a body it accepts may still be refused by Decode.
 func DerivedMetadata(body []byte) (meta [len(derivedKeys)][2]string, ok bool) {
 	var env struct {
 		EventType        *string     `json:"event_type"`
+		SchemaVersion    json.Number `json:"schema_version"`
 		AggregateType    *string     `json:"aggregate_type"`
 		AggregateID      *string     `json:"aggregate_id"`
 		AggregateVersion json.Number `json:"aggregate_version"`
 		OccurredAt       *string     `json:"occurred_at"`
 	}
 	if json.Unmarshal(body, &env) != nil || env.EventType == nil || env.AggregateType == nil ||
-		env.AggregateID == nil || env.OccurredAt == nil || env.AggregateVersion == "" {
+		env.AggregateID == nil || env.OccurredAt == nil || env.AggregateVersion == "" || env.SchemaVersion == "" {
 		return meta, false
 	}
 	version, err := strconv.Atoi(env.AggregateVersion.String())
 	if err != nil {
 		return meta, false
 	}
-	values := [...]string{*env.EventType, *env.AggregateType, *env.AggregateID, strconv.Itoa(version), *env.OccurredAt}
+	schema, err := strconv.Atoi(env.SchemaVersion.String())
+	if err != nil {
+		return meta, false
+	}
+	values := [...]string{*env.EventType, strconv.Itoa(schema), *env.AggregateType, *env.AggregateID, strconv.Itoa(version), *env.OccurredAt}
 	for i, k := range derivedKeys {
 		meta[i] = [2]string{k, values[i]}
 	}

@@ -16,29 +16,88 @@ import (
 
 var _ wmamqp.Marshaler = Marshaler{}
 
-// Marshaler is a Watermill AMQP marshaler that publishes persistent messages,
-// lean where it can, and never fails to unmarshal.
+// Format is how a publisher lays an event out on the broker. The zero value
+// is FormatStandard.
+type Format string
+
+// The formats an event can be published in.
+const (
+	// FormatStandard, the default, publishes one message per event that any
+	// consumer reads whole without Outboxmill's code: the event envelope as
+	// a JSON body; the event id, type, occurrence time and publishing module
+	// in AMQP's own properties (message-id, type, timestamp, app-id, content
+	// type application/json), persistent; and Watermill's convention beside
+	// them, the id in the _watermill_message_uuid header and every metadata
+	// entry (event type, schema version, aggregate type, id and version,
+	// occurrence time, trace context) as a string header, as Watermill's
+	// DefaultMarshaler reads them.
+	FormatStandard Format = "standard"
+	// FormatLean publishes one message per event without the headers the
+	// envelope already holds (content type outbox.EventContentType): the
+	// broker takes it faster, but only an Outboxmill consumer gets its
+	// metadata back, a stock Watermill subscriber sees an empty UUID.
+	FormatLean Format = "lean"
+	// FormatPacked publishes lean messages and, where a relay has several
+	// ready for one routing key, packs them into one message
+	// (PackContentType) that only an Outboxmill consumer can read.
+	FormatPacked Format = "packed"
+)
+
+// Formats lists the formats, the default first.
+var Formats = []Format{FormatStandard, FormatLean, FormatPacked}
+
+// ParseFormat returns the format named s; "" is FormatStandard.
+func ParseFormat(s string) (Format, error) {
+	switch f := Format(s); f {
+	case "":
+		return FormatStandard, nil
+	case FormatStandard, FormatLean, FormatPacked:
+		return f, nil
+	}
+	return "", fmt.Errorf("unknown wire format %q (want %s, %s or %s)", s, FormatStandard, FormatLean, FormatPacked)
+}
+
+// Lean reports whether f leaves out the headers an envelope holds.
+func (f Format) Lean() bool { return f == FormatLean || f == FormatPacked }
+
+// StandardContentType is the content type of an event message in
+// FormatStandard: its body is the event envelope as JSON.
+const StandardContentType = "application/json"
+
+// MetaAppID is the metadata key under which Unmarshal keeps a message's
+// AMQP app-id (the module that published it), so that a message handed
+// back to Marshal, a set-aside event replayed, goes out with it again. It
+// travels as the property, never as a header.
+const MetaAppID = "om_app_id"
+
+// Marshaler is a Watermill AMQP marshaler that publishes persistent
+// messages in Format, and never fails to unmarshal.
 //
-// A message goes out with its UUID as the AMQP message-id property and its
-// metadata as headers, but for the metadata an event's body already holds:
-// when the body is an event envelope (outbox.DerivedMetadata) and the
-// message's event type, aggregate type, id and version and occurrence time
-// are the body's, those five are left out and the content type says so
-// (outbox.EventContentType). An event the relay publishes then has no
-// header at all unless it carries a trace context, and its AMQP property
-// block (message-id, content type, delivery mode) fits in the 64 bytes
-// RabbitMQ takes fastest: it costs the broker markedly less to take, store
-// and deliver than a header table (see docs/bench.md). Unmarshal puts them
-// back, so a consumer sees the message as it was.
+// In FormatStandard (the zero value) a message goes out with its UUID in the
+// message-id property and the _watermill_message_uuid header, its metadata
+// as headers, and, for an event (its metadata has outbox.MetaEventType),
+// the event type, the occurrence time and AppID as the type, timestamp and
+// app-id properties and application/json as its content type (the lean
+// formats leave the app-id out: it would take their property block over 64
+// bytes). Watermill's
+// DefaultMarshaler and any AMQP client read it whole.
 //
-// A pack (PackContentType: several events in one message) is unmarshaled
-// as one message whose MetaContentType says so; UnpackMessage, or Unpack on
-// the delivery, returns its events, and Marshal sends it out as it came.
+// In FormatLean and FormatPacked, when the body is an event envelope
+// (outbox.DerivedMetadata) and the message's event type, schema version,
+// aggregate type, id and version and occurrence time are the body's, those
+// are left out and the content type says so (outbox.EventContentType). An
+// event the relay publishes then has no header at all unless it carries a
+// trace context, and its AMQP property block (message-id, content type,
+// delivery mode) fits in the 64 bytes RabbitMQ takes fastest (see
+// docs/bench.md). Unmarshal puts them back, so an Outboxmill consumer sees
+// the message as it was; other consumers do not.
 //
-// Unmarshal also reads messages of the earlier format, with the UUID in
-// the _watermill_message_uuid header (Watermill's DefaultMarshaler) and
-// every metadata key in headers: messages already in queues when a relay is
-// upgraded are decoded as before.
+// Unmarshal reads every format ever published, mixed in one queue: the
+// standard message, the lean one, packs (PackContentType: several events in
+// one message, unmarshaled as one message whose MetaContentType says so;
+// UnpackMessage, or Unpack on the delivery, returns its events; Marshal
+// sends it out as it came), and the older Watermill-only one, with the UUID
+// in the _watermill_message_uuid header alone.
 //
 // Watermill's DefaultMarshaler refuses headers that are not strings, such as
 // the x-death table a dead-letter route adds or the x-delivery-count number
@@ -51,7 +110,14 @@ var _ wmamqp.Marshaler = Marshaler{}
 // UUID header nor a message-id gets an empty UUID and is left for the
 // handler's middleware to set aside; a UUID header of another type is kept
 // in the metadata as text, so that it can be inspected.
-type Marshaler struct{}
+type Marshaler struct {
+	// Format is the layout Marshal publishes in; "" is FormatStandard.
+	// Unmarshal reads every format whatever it is.
+	Format Format
+	// AppID is the app-id property of what Marshal publishes, the
+	// publishing module; when empty, a message's MetaAppID is used.
+	AppID string
+}
 
 // ErrReservedMetadata is returned by Marshal for a message whose metadata
 // has the key of the UUID header (wmamqp.DefaultMessageUUIDHeaderKey),
@@ -60,15 +126,15 @@ type Marshaler struct{}
 // sets the other two itself, so the entry would be lost on the way.
 var ErrReservedMetadata = errors.New("metadata key reserved for the message UUID header")
 
-// maxMessageID is the longest message-id property, an AMQP short string. A
-// longer UUID goes in the UUID header instead.
-const maxMessageID = 255
+// maxShortString is the longest AMQP short string (message-id, type,
+// app-id): a longer one is left out of the properties.
+const maxShortString = 255
 
 // Marshal implements wmamqp.Marshaler. It refuses, with an error wrapping
 // ErrReservedMetadata, a message whose metadata has the UUID header's key,
 // so that what Unmarshal reads back is the message as it was: UUID,
 // metadata and payload.
-func (Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
+func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	if _, ok := msg.Metadata[wmamqp.DefaultMessageUUIDHeaderKey]; ok {
 		return amqp.Publishing{}, fmt.Errorf("message %s: %w (%s)", middleware.SafeMessageID(msg.UUID), ErrReservedMetadata, wmamqp.DefaultMessageUUIDHeaderKey)
 	}
@@ -79,31 +145,85 @@ func (Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 		return amqp.Publishing{}, fmt.Errorf("message %s: %w (%s)", middleware.SafeMessageID(msg.UUID), ErrReservedMetadata, MetaPackError)
 	}
 	pub := amqp.Publishing{DeliveryMode: amqp.Persistent, Body: msg.Payload}
-	lean := derivedFromBody(msg)
-	n := len(msg.Metadata)
-	switch {
-	case lean:
-		pub.ContentType = outbox.EventContentType
-		n -= outboxDerivedCount
-	case msg.Metadata[MetaContentType] == PackContentType:
-		// A pack as a router's handler was given it: it goes out as it came.
-		pub.ContentType = PackContentType
-		n--
-	}
-	if n > 0 || len(msg.UUID) > maxMessageID {
-		pub.Headers = make(amqp.Table, n+1)
-		for k, v := range msg.Metadata {
-			if (!lean || !outbox.IsDerived(k)) && (pub.ContentType != PackContentType || k != MetaContentType) {
-				pub.Headers[k] = v
-			}
-		}
-	}
-	if len(msg.UUID) > maxMessageID {
-		pub.Headers[wmamqp.DefaultMessageUUIDHeaderKey] = msg.UUID
-	} else {
+	_, hasAppID := msg.Metadata[MetaAppID]
+	if len(msg.UUID) <= maxShortString {
 		pub.MessageId = msg.UUID
 	}
+	if msg.Metadata[MetaContentType] == PackContentType {
+		// A pack as a router's handler was given it: it goes out as it came.
+		pub.ContentType = PackContentType
+		if n := len(msg.Metadata) - 1; n > 1 || n == 1 && !hasAppID {
+			pub.Headers = headers(msg, func(k string) bool { return k != MetaContentType && k != MetaAppID }, 0)
+		}
+		m.uuidHeader(&pub, msg.UUID)
+		return pub, nil
+	}
+	if m.Format.Lean() && derivedFromBody(msg) {
+		pub.ContentType = outbox.EventContentType
+		n := len(msg.Metadata) - outboxDerivedCount
+		if hasAppID {
+			n--
+		}
+		if n > 0 {
+			pub.Headers = headers(msg, func(k string) bool { return !outbox.IsDerived(k) && k != MetaAppID }, 0)
+		}
+		m.uuidHeader(&pub, msg.UUID)
+		return pub, nil
+	}
+	if m.Format.Lean() {
+		// Not an event: its metadata goes as headers, its UUID as
+		// message-id, as in the lean format.
+		if n := len(msg.Metadata); n > 1 || n == 1 && !hasAppID {
+			pub.Headers = headers(msg, func(k string) bool { return k != MetaAppID }, 0)
+		}
+		m.uuidHeader(&pub, msg.UUID)
+		return pub, nil
+	}
+	pub.Headers = headers(msg, func(k string) bool { return k != MetaAppID }, 1)
+	if msg.UUID != "" {
+		pub.Headers[wmamqp.DefaultMessageUUIDHeaderKey] = msg.UUID
+	}
+	if pub.AppId = m.AppID; pub.AppId == "" {
+		pub.AppId = msg.Metadata[MetaAppID]
+	}
+	if len(pub.AppId) > maxShortString {
+		pub.AppId = ""
+	}
+	if typ := msg.Metadata[outbox.MetaEventType]; typ != "" {
+		pub.ContentType = StandardContentType
+		if len(typ) <= maxShortString {
+			pub.Type = typ
+		}
+		if at, err := time.Parse(time.RFC3339Nano, msg.Metadata[outbox.MetaOccurredAt]); err == nil {
+			pub.Timestamp = at.UTC().Truncate(time.Second) // AMQP's timestamp counts seconds
+		}
+	}
 	return pub, nil
+}
+
+// uuidHeader puts uuid in pub's UUID header when it is too long for the
+// message-id property (lean formats and packs, which send the header only
+// then).
+func (Marshaler) uuidHeader(pub *amqp.Publishing, uuid string) {
+	if len(uuid) <= maxShortString {
+		return
+	}
+	if pub.Headers == nil {
+		pub.Headers = amqp.Table{}
+	}
+	pub.Headers[wmamqp.DefaultMessageUUIDHeaderKey] = uuid
+}
+
+// headers returns the metadata of msg that keep accepts as an AMQP table,
+// with room for extra more entries.
+func headers(msg *message.Message, keep func(string) bool, extra int) amqp.Table {
+	t := make(amqp.Table, len(msg.Metadata)+extra)
+	for k, v := range msg.Metadata {
+		if keep(k) {
+			t[k] = v
+		}
+	}
+	return t
 }
 
 // outboxDerivedCount is how many metadata keys outbox.DerivedMetadata reads.
@@ -166,6 +286,10 @@ func (Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	// says it is a malformed one, not a header.
 	delete(msg.Metadata, MetaContentType)
 	delete(msg.Metadata, MetaPackError)
+	delete(msg.Metadata, MetaAppID)
+	if d.AppId != "" {
+		msg.Metadata[MetaAppID] = d.AppId
+	}
 	if d.ContentType == PackContentType {
 		msg.Metadata[MetaContentType] = PackContentType
 	}

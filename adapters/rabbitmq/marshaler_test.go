@@ -20,7 +20,8 @@ const uuidHeader = wmamqp.DefaultMessageUUIDHeaderKey
 
 // delivery is what the broker delivers of p.
 func delivery(p amqp.Publishing) amqp.Delivery {
-	return amqp.Delivery{Acknowledger: noAck{}, Headers: p.Headers, Body: p.Body, MessageId: p.MessageId, ContentType: p.ContentType}
+	return amqp.Delivery{Acknowledger: noAck{}, Headers: p.Headers, Body: p.Body, MessageId: p.MessageId, ContentType: p.ContentType,
+		Type: p.Type, AppId: p.AppId, Timestamp: p.Timestamp, DeliveryMode: p.DeliveryMode}
 }
 
 // newEvent returns the message outbox.Encode makes of an OrderPaid event.
@@ -37,13 +38,105 @@ func newEvent(t *testing.T) *message.Message {
 	return msg
 }
 
-func TestMarshaler_Marshal(t *testing.T) {
+func TestMarshaler_MarshalStandard(t *testing.T) {
 	t.Parallel()
+	t.Run("an event: Watermill's headers and AMQP's properties", func(t *testing.T) {
+		t.Parallel()
+		msg := newEvent(t)
+		msg.Metadata.Set(outbox.MetaTraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+		p, err := rabbitmq.Marshaler{AppID: "orders"}.Marshal(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.DeliveryMode != amqp.Persistent || p.MessageId != msg.UUID || p.Type != "OrderPaid" || p.AppId != "orders" ||
+			p.ContentType != "application/json" || !p.Timestamp.Equal(time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)) {
+			t.Errorf("properties: delivery mode %d, message-id %q, type %q, app-id %q, content type %q, timestamp %v", p.DeliveryMode, p.MessageId, p.Type, p.AppId, p.ContentType, p.Timestamp)
+		}
+		if p.Headers[uuidHeader] != msg.UUID || len(p.Headers) != len(msg.Metadata)+1 {
+			t.Errorf("headers %v: want the UUID header and every metadata entry", p.Headers)
+		}
+		for k, v := range msg.Metadata {
+			if p.Headers[k] != v {
+				t.Errorf("header %s = %v, want %q", k, p.Headers[k], v)
+			}
+		}
+		stock, err := wmamqp.DefaultMarshaler{}.Unmarshal(delivery(p))
+		if err != nil || !stock.Equals(msg) {
+			t.Errorf("Watermill's DefaultMarshaler read %v, %v; want %v", stock, err, msg)
+		}
+		back, err := rabbitmq.Marshaler{}.Unmarshal(delivery(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back.UUID != msg.UUID || string(back.Payload) != string(msg.Payload) || back.Metadata.Get(rabbitmq.MetaAppID) != "orders" {
+			t.Errorf("read back %v", back)
+		}
+		delete(back.Metadata, rabbitmq.MetaAppID)
+		if !back.Equals(msg) {
+			t.Errorf("read back %v, want %v", back, msg)
+		}
+	})
+	t.Run("a message replayed keeps the app-id it came with, as a property only", func(t *testing.T) {
+		t.Parallel()
+		msg := newEvent(t)
+		msg.Metadata.Set(rabbitmq.MetaAppID, "orders")
+		p, err := rabbitmq.Marshaler{}.Marshal(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.AppId != "orders" || p.Headers[rabbitmq.MetaAppID] != nil {
+			t.Errorf("app-id %q, headers %v: want the app-id as the property alone", p.AppId, p.Headers)
+		}
+	})
+	t.Run("not an event: no type, no content type", func(t *testing.T) {
+		t.Parallel()
+		msg := message.NewMessage("6f1c2a9e-0000-4000-8000-000000000001", []byte("x"))
+		msg.Metadata.Set("k", "v")
+		p, err := rabbitmq.Marshaler{}.Marshal(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Type != "" || p.ContentType != "" || !p.Timestamp.IsZero() || p.Headers["k"] != "v" || p.Headers[uuidHeader] != msg.UUID {
+			t.Errorf("publishing %+v", p)
+		}
+		back, _ := rabbitmq.Marshaler{}.Unmarshal(delivery(p))
+		if !back.Equals(msg) {
+			t.Errorf("round trip gave %v, want %v", back, msg)
+		}
+	})
+	t.Run("a UUID too long for message-id goes in the UUID header alone", func(t *testing.T) {
+		t.Parallel()
+		msg := message.NewMessage(strings.Repeat("u", 256), []byte("x"))
+		p, err := rabbitmq.Marshaler{}.Marshal(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.MessageId != "" || p.Headers[uuidHeader] != msg.UUID {
+			t.Errorf("message-id %q, headers %v: want the UUID in its header", p.MessageId, p.Headers)
+		}
+	})
+}
+
+func TestParseFormat(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]rabbitmq.Format{"": rabbitmq.FormatStandard, "standard": rabbitmq.FormatStandard, "lean": rabbitmq.FormatLean, "packed": rabbitmq.FormatPacked} {
+		if got, err := rabbitmq.ParseFormat(in); err != nil || got != want {
+			t.Errorf("ParseFormat(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := rabbitmq.ParseFormat("Packed"); err == nil || !strings.Contains(err.Error(), "standard, lean or packed") {
+		t.Errorf("ParseFormat(Packed) = %v, want an error naming the formats", err)
+	}
+}
+
+func TestMarshaler_MarshalLean(t *testing.T) {
+	t.Parallel()
+	lean := rabbitmq.Marshaler{Format: rabbitmq.FormatLean}
 	t.Run("any message: UUID as message-id, metadata as headers", func(t *testing.T) {
 		t.Parallel()
 		msg := message.NewMessage("6f1c2a9e-0000-4000-8000-000000000001", []byte(`{"a":1}`))
 		msg.Metadata.Set("event_type", "OrderPaid")
-		p, err := rabbitmq.Marshaler{}.Marshal(msg)
+		p, err := lean.Marshal(msg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,7 +160,7 @@ func TestMarshaler_Marshal(t *testing.T) {
 	t.Run("an event: no header, the metadata read back from its body", func(t *testing.T) {
 		t.Parallel()
 		msg := newEvent(t)
-		p, err := rabbitmq.Marshaler{}.Marshal(msg)
+		p, err := lean.Marshal(msg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,7 +174,7 @@ func TestMarshaler_Marshal(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !back.Equals(msg) || len(back.Metadata) != 5 {
+		if !back.Equals(msg) || len(back.Metadata) != 6 {
 			t.Errorf("round trip gave %v %v, want %v %v", back.UUID, back.Metadata, msg.UUID, msg.Metadata)
 		}
 	})
@@ -89,7 +182,7 @@ func TestMarshaler_Marshal(t *testing.T) {
 		t.Parallel()
 		msg := newEvent(t)
 		msg.Metadata.Set(outbox.MetaTraceParent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-		p, err := rabbitmq.Marshaler{}.Marshal(msg)
+		p, err := lean.Marshal(msg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,30 +196,30 @@ func TestMarshaler_Marshal(t *testing.T) {
 	})
 	t.Run("metadata that differs from the body stays in headers", func(t *testing.T) {
 		t.Parallel()
-		for _, key := range []string{outbox.MetaEventType, outbox.MetaAggregateType, outbox.MetaAggregateID, outbox.MetaAggregateVersion, outbox.MetaOccurredAt} {
+		for _, key := range []string{outbox.MetaEventType, outbox.MetaSchemaVersion, outbox.MetaAggregateType, outbox.MetaAggregateID, outbox.MetaAggregateVersion, outbox.MetaOccurredAt} {
 			msg := newEvent(t)
 			msg.Metadata.Set(key, "else")
-			p, err := rabbitmq.Marshaler{}.Marshal(msg)
+			p, err := lean.Marshal(msg)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if p.ContentType != "" || len(p.Headers) != 5 {
-				t.Errorf("%s differs: headers %v, content type %q; want all five headers, no event content type", key, p.Headers, p.ContentType)
+			if p.ContentType != "" || len(p.Headers) != 6 {
+				t.Errorf("%s differs: headers %v, content type %q; want all six headers, no event content type", key, p.Headers, p.ContentType)
 			}
 			back, err := rabbitmq.Marshaler{}.Unmarshal(delivery(p))
 			if err != nil || !back.Equals(msg) {
 				t.Errorf("%s differs: round trip gave %v, %v; want %v", key, back, err, msg)
 			}
 			delete(msg.Metadata, key)
-			if p, _ := (rabbitmq.Marshaler{}).Marshal(msg); p.ContentType != "" || len(p.Headers) != 4 {
-				t.Errorf("%s missing: headers %v, content type %q; want the four others, no event content type", key, p.Headers, p.ContentType)
+			if p, _ := lean.Marshal(msg); p.ContentType != "" || len(p.Headers) != 5 {
+				t.Errorf("%s missing: headers %v, content type %q; want the five others, no event content type", key, p.Headers, p.ContentType)
 			}
 		}
 	})
 	t.Run("a UUID too long for message-id goes in the UUID header", func(t *testing.T) {
 		t.Parallel()
 		msg := message.NewMessage(strings.Repeat("u", 256), []byte("x"))
-		p, err := rabbitmq.Marshaler{}.Marshal(msg)
+		p, err := lean.Marshal(msg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -159,6 +159,10 @@ func Unpack(d amqp.Delivery) ([]*message.Message, error) {
 				msg.Metadata[key] = headerText(value)
 			}
 		}
+		delete(msg.Metadata, MetaAppID)
+		if d.AppId != "" {
+			msg.Metadata[MetaAppID] = d.AppId
+		}
 		addDerived(msg.Metadata, ev.Body)
 		msgs[i] = msg
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -22,7 +23,7 @@ import (
 )
 
 // DefaultPackEvents is the default Config.PackEvents: the most events one
-// AMQP message of the Outboxmill relay carries.
+// AMQP message of a relay publishing rabbitmq.FormatPacked carries.
 const DefaultPackEvents = 32
 
 // DefaultReadInterval is the default Config.ReadInterval: while commits
@@ -43,6 +44,18 @@ type Config struct {
 	AMQPURL string
 	// Exchange is the durable topic exchange events are published to.
 	Exchange string
+	// Format is how events are laid out on the broker. The default,
+	// rabbitmq.FormatStandard, is one message per event that any consumer
+	// reads whole (a stock Watermill subscriber, any AMQP client);
+	// rabbitmq.FormatLean and rabbitmq.FormatPacked are smaller and faster
+	// for the broker but readable only by Outboxmill consumers (see
+	// docs/wire.md). Every kind publishes it; only the outboxmill and cdc
+	// kinds pack.
+	Format rabbitmq.Format
+	// AppID is the app-id property of every message (FormatStandard), the
+	// publishing module. Default: Outbox.Topic without its "_outbox"
+	// suffix.
+	AppID string
 	// ConsumerGroup names the relay's position in the offsets table; relays
 	// with the same group share one position. Default DefaultConsumerGroup.
 	ConsumerGroup string
@@ -69,16 +82,15 @@ type Config struct {
 	// InFlight (outboxmill) is how many publishes may await their broker
 	// confirm at once. Default 256.
 	InFlight int
-	// PackEvents (outboxmill) is the most events one AMQP message carries.
-	// Rows ready to be published together (a backlog, a burst) are packed
+	// PackEvents (outboxmill, cdc) is the most events one AMQP message
+	// carries when Format is rabbitmq.FormatPacked; other formats publish
+	// every event alone. Rows ready to be published together (a backlog, a burst) are packed
 	// per routing key into one message (rabbitmq.PackContentType), which
 	// the broker takes, stores, delivers and confirms as one; a consumer of
 	// this module handles each event as if it had come alone. An event
 	// with headers of its own (a trace context), or one the broker refused
 	// or closed the connection on, goes alone, and a refused pack's events
-	// are published again one by one. Consumers of an earlier version do
-	// not read packs: set 1 (every event alone) until they are upgraded.
-	// Default DefaultPackEvents.
+	// are published again one by one. Default DefaultPackEvents.
 	PackEvents int
 	// PackBytes (outboxmill) bounds a pack's body; never more than
 	// MaxMessageSize. Default 64 KiB.
@@ -193,6 +205,12 @@ func (c *Config) setDefaults() {
 	if c.InFlight == 0 {
 		c.InFlight = 256
 	}
+	if c.Format == "" {
+		c.Format = rabbitmq.FormatStandard
+	}
+	if c.AppID == "" {
+		c.AppID = strings.TrimSuffix(c.Outbox.Topic, "_outbox")
+	}
 	if c.PackEvents == 0 {
 		c.PackEvents = DefaultPackEvents
 	}
@@ -280,6 +298,9 @@ func (c Config) Validate() error {
 	if c.PollInterval < 0 || c.MinPollInterval < 0 || c.MinPollInterval > c.PollInterval {
 		errs = append(errs, errors.New("relay: need 0 <= MinPollInterval <= PollInterval"))
 	}
+	if _, err := rabbitmq.ParseFormat(string(c.Format)); err != nil {
+		errs = append(errs, fmt.Errorf("relay: %w", err))
+	}
 	if c.BatchSize < 1 || c.InFlight < 1 || c.PackEvents < 1 || c.PackBytes < 1 {
 		errs = append(errs, errors.New("relay: BatchSize, InFlight, PackEvents and PackBytes must be at least 1"))
 	}
@@ -334,7 +355,9 @@ func NewForwarder(db *sqlx.DB, config Config) (*Forwarder, error) {
 		return nil, fmt.Errorf("relay: outbox subscriber: %w", err)
 	}
 	pub, err := newRepoolingPublisher(func() (message.Publisher, error) {
-		return wmamqp.NewPublisher(rabbitmq.PublisherConfig(config.AMQPURL, config.Exchange), logger)
+		pc := rabbitmq.PublisherConfig(config.AMQPURL, config.Exchange)
+		pc.Marshaler = rabbitmq.Marshaler{Format: config.Format, AppID: config.AppID}
+		return wmamqp.NewPublisher(pc, logger)
 	})
 	if err != nil {
 		_ = sub.Close()

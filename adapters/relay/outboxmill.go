@@ -78,6 +78,8 @@ type Outboxmill struct {
 	config Config
 	logger *slog.Logger
 	traces publishTracer
+	// marshaler lays events out on the broker in config.Format.
+	marshaler rabbitmq.Marshaler
 
 	mu        sync.Mutex
 	suspects  map[position]suspicion // rows the broker closed the connection on
@@ -109,14 +111,15 @@ func NewOutboxmill(db *sqlx.DB, config Config) (*Outboxmill, error) {
 		return nil, err
 	}
 	return &Outboxmill{
-		db:       db,
-		config:   config,
-		logger:   config.Logger.With("outbox", config.Outbox.Topic, "consumer_group", config.ConsumerGroup),
-		traces:   newPublishTracer(config.TracerProvider, config.Outbox.Topic, config.Exchange),
-		suspects: map[position]suspicion{},
-		wake:     make(chan struct{}, 1),
-		closing:  make(chan struct{}),
-		done:     make(chan struct{}),
+		db:        db,
+		config:    config,
+		logger:    config.Logger.With("outbox", config.Outbox.Topic, "consumer_group", config.ConsumerGroup),
+		traces:    newPublishTracer(config.TracerProvider, config.Outbox.Topic, config.Exchange),
+		marshaler: rabbitmq.Marshaler{Format: config.Format, AppID: config.AppID},
+		suspects:  map[position]suspicion{},
+		wake:      make(chan struct{}, 1),
+		closing:   make(chan struct{}),
+		done:      make(chan struct{}),
 	}, nil
 }
 

@@ -43,7 +43,9 @@ func TestOutboxmill_PacksABacklog(t *testing.T) {
 			f.commit(fmt.Sprintf("agg-%d", a), v)
 		}
 	}
-	f.start(f.config())
+	cfg := f.config()
+	cfg.Format = rabbitmq.FormatPacked
+	f.start(cfg)
 	msgs, events := receiveMessages(t, d, aggregates*versions, time.Minute)
 	if len(events) != aggregates*versions {
 		t.Fatalf("%d events, want %d", len(events), aggregates*versions)
@@ -69,22 +71,39 @@ func TestOutboxmill_PacksABacklog(t *testing.T) {
 	t.Logf("%d events in %d messages, %d of them packs", len(events), len(msgs), packs)
 }
 
-// PackEvents 1 publishes each event alone, as relays before packs did.
-func TestOutboxmill_PackEventsOnePublishesEachAlone(t *testing.T) {
+// Only the packed format packs: a backlog goes out one standard message
+// per event by default, and one lean message per event in the lean
+// format, PackEvents notwithstanding.
+func TestOutboxmill_OnlyThePackedFormatPacks(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
-	d := f.bindQueue("#")
-	for a := range 50 {
-		f.commit(fmt.Sprintf("agg-%d", a), 1)
-	}
-	cfg := f.config()
-	cfg.PackEvents = 1
-	f.start(cfg)
-	msgs, _ := receiveMessages(t, d, 50, time.Minute)
-	for _, m := range msgs {
-		if m.ContentType != outbox.EventContentType {
-			t.Fatalf("a message of content type %q, want each event alone (%q)", m.ContentType, outbox.EventContentType)
-		}
+	for _, c := range []struct {
+		format      rabbitmq.Format
+		contentType string
+	}{
+		{"", rabbitmq.StandardContentType},
+		{rabbitmq.FormatLean, outbox.EventContentType},
+	} {
+		t.Run(c.contentType, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			d := f.bindQueue("#")
+			for a := range 50 {
+				f.commit(fmt.Sprintf("agg-%d", a), 1)
+			}
+			cfg := f.config()
+			cfg.Format = c.format
+			cfg.PackEvents = 32
+			f.start(cfg)
+			msgs, _ := receiveMessages(t, d, 50, time.Minute)
+			if len(msgs) != 50 {
+				t.Errorf("%d messages for 50 events", len(msgs))
+			}
+			for _, m := range msgs {
+				if m.ContentType != c.contentType {
+					t.Fatalf("a message of content type %q, want each event alone (%q)", m.ContentType, c.contentType)
+				}
+			}
+		})
 	}
 }
 
@@ -116,6 +135,7 @@ func TestOutboxmill_ReturnedPackGoesAgainEventByEvent(t *testing.T) {
 		return below
 	})
 	cfg := f.config()
+	cfg.Format = rabbitmq.FormatPacked
 	failures := &countingMetrics{}
 	cfg.Metrics = failures
 	f.start(cfg)

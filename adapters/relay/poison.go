@@ -69,12 +69,12 @@ func splitKey(key string) (typ, id string) {
 	return "", key
 }
 
-// publishing returns the publishing of msg to topic on a connection with
+// publishing returns the publishing of msg to topic, as m marshals it, on a connection with
 // frame size frameMax (0: unlimited) and messages of at most maxSize bytes
 // (0: unlimited), or why the broker can never take it (see unpublishable),
 // the reason a row is set aside as AsidePoison.
-func publishing(topic string, msg *message.Message, frameMax, maxSize int) (amqp.Publishing, string) {
-	pub, err := rabbitmq.Marshaler{}.Marshal(msg)
+func publishing(m rabbitmq.Marshaler, topic string, msg *message.Message, frameMax, maxSize int) (amqp.Publishing, string) {
+	pub, err := m.Marshal(msg)
 	if err != nil {
 		return pub, "cannot be marshaled: " + err.Error()
 	}
@@ -339,7 +339,7 @@ func (s *stream) release(ctx context.Context, m *entry) error {
 		if invalid != "" {
 			return s.keepSetAside(ctx, m, rec, "no longer a forwarder envelope: "+invalid)
 		}
-		pub, reason := publishing(topic, msg, s.frameMax, s.r.config.MaxMessageSize)
+		pub, reason := publishing(s.r.marshaler, topic, msg, s.frameMax, s.r.config.MaxMessageSize)
 		if err := s.lease.check(); err != nil {
 			return s.fail(err)
 		}

@@ -68,7 +68,7 @@ func FuzzRow(f *testing.F) {
 		}
 		requireSameMessage(t, "set-aside envelope", msg, x.msg)
 
-		pub, reason := publishing(x.topic, x.msg, fuzzFrameMax, fuzzMaxSize)
+		pub, reason := publishing(rabbitmq.Marshaler{}, x.topic, x.msg, fuzzFrameMax, fuzzMaxSize)
 		if reason != "" {
 			x.aside = &aside{kind: AsidePoison, reason: reason, attempts: 1}
 			requireStorableColumns(t, asideColumnsOf(x))
@@ -218,7 +218,7 @@ func TestRowSeeds_Classified(t *testing.T) {
 		case x.invalid != "":
 			invalid++
 		default:
-			if _, reason := publishing(x.topic, x.msg, fuzzFrameMax, fuzzMaxSize); reason != "" {
+			if _, reason := publishing(rabbitmq.Marshaler{}, x.topic, x.msg, fuzzFrameMax, fuzzMaxSize); reason != "" {
 				poison++
 			} else {
 				published++

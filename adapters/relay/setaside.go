@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
 	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 )
 
 // ErrNotEnvelope is returned for an outbox row that is not a forwarder
@@ -44,7 +45,7 @@ func CheckEnvelope(payload []byte) error {
 func unforwardable(payload []byte) string {
 	topic, inner, reason := unwrap(payload)
 	if reason == "" {
-		_, reason = publishing(topic, inner, 0, 0)
+		_, reason = publishing(rabbitmq.Marshaler{}, topic, inner, 0, 0)
 	}
 	return reason
 }

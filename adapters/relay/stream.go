@@ -307,7 +307,7 @@ func (s *stream) dispatch(ctx context.Context) error {
 // neither refused e nor closed the connection on it (those go alone, so
 // that the refusal or poison is e's own).
 func (s *stream) packable(e *entry, pub amqp.Publishing) bool {
-	return s.r.config.PackEvents > 1 && pub.ContentType == outbox.EventContentType && pub.Headers == nil &&
+	return s.r.config.Format == rabbitmq.FormatPacked && s.r.config.PackEvents > 1 && pub.ContentType == outbox.EventContentType && pub.Headers == nil &&
 		pub.MessageId == e.msg.UUID && pub.MessageId != "" && !e.span.IsRecording() &&
 		e.refusals == 0 && !s.r.isSuspect(e.pos) &&
 		s.packs.fits(len(e.msg.UUID), len(pub.Body), s.packLimit())
@@ -369,7 +369,7 @@ func (s *stream) precheck(e *entry) (amqp.Publishing, string) {
 	if reason := s.r.poisonReason(e.pos); reason != "" {
 		return amqp.Publishing{}, reason
 	}
-	return publishing(e.topic, e.msg, s.frameMax, s.r.config.MaxMessageSize)
+	return publishing(s.r.marshaler, e.topic, e.msg, s.frameMax, s.r.config.MaxMessageSize)
 }
 
 // poison sets e aside as a row that cannot be forwarded and holds the rest

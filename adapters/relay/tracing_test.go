@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/outboxmill/outboxmill/adapters/outbox"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 )
 
 const storedParent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -28,7 +29,7 @@ func TestPublishTracer_ChildOfTheStoredContext(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	p := newPublishTracer(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)), "orders_outbox", "ns.orders.events")
 	msg := tracedMessage()
-	pub, reason := publishing("OrderPaid.3", msg, 0, 0)
+	pub, reason := publishing(rabbitmq.Marshaler{}, "OrderPaid.3", msg, 0, 0)
 	if reason != "" {
 		t.Fatal(reason)
 	}
@@ -69,7 +70,7 @@ func TestPublishTracer_ChildOfTheStoredContext(t *testing.T) {
 func TestPublishTracer_Off(t *testing.T) {
 	p := newPublishTracer(noop.NewTracerProvider(), "orders_outbox", "ns.orders.events")
 	msg := tracedMessage()
-	pub, _ := publishing("OrderPaid.3", msg, 0, 0)
+	pub, _ := publishing(rabbitmq.Marshaler{}, "OrderPaid.3", msg, 0, 0)
 	before := len(pub.Headers)
 	span := p.start("OrderPaid.3", msg)
 	injectHeaders(span, &pub, 0)
@@ -86,7 +87,7 @@ func TestInjectHeaders_NeverOverTheFrame(t *testing.T) {
 	p := newPublishTracer(sdktrace.NewTracerProvider(), "orders_outbox", "ns.orders.events")
 	msg := message.NewMessage("ev-1", []byte(`{}`))
 	msg.Metadata.Set("filler", strings.Repeat("x", 3900))
-	pub, _ := publishing("OrderPaid.3", msg, 0, 0)
+	pub, _ := publishing(rabbitmq.Marshaler{}, "OrderPaid.3", msg, 0, 0)
 	frameMax := headerFrameSize(pub) + 10 // room for the event, not for a traceparent
 	span := p.start("OrderPaid.3", msg)
 	injectHeaders(span, &pub, frameMax)
@@ -119,7 +120,7 @@ func BenchmarkPublishSpan(b *testing.B) {
 					delete(msg.Metadata, outbox.MetaTraceParent)
 					delete(msg.Metadata, outbox.MetaTraceState)
 				}
-				pub, _ := publishing("OrderPaid.3", msg, 0, 0)
+				pub, _ := publishing(rabbitmq.Marshaler{}, "OrderPaid.3", msg, 0, 0)
 				b.ReportAllocs()
 				for b.Loop() {
 					span := p.start("OrderPaid.3", msg)
