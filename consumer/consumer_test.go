@@ -1710,3 +1710,65 @@ func TestConsumer_Packs(t *testing.T) {
 		}
 	})
 }
+
+// TestConsumer_ReadsEveryWireFormat: one queue holding the events of one
+// aggregate in every format a relay ever published (the standard message,
+// the lean one, a pack and the older Watermill-only message), as after an
+// upgrade or a downgrade of the relay, is drained with each event handled
+// once and in order, an event published again in another format
+// included.
+func TestConsumer_ReadsEveryWireFormat(t *testing.T) {
+	kinds(t, func(t *testing.T, kind string) {
+		f := newFixture(t)
+		f.start(spec{kind: kind})
+		a := newAccountID()
+		key := outbox.RoutingKey(evDeposited, a)
+		evs := make([]domain.Event, 7)
+		msgs := make([]*message.Message, len(evs))
+		for i := range evs {
+			evs[i] = accountEvent(a, i+1)
+			msg, err := outbox.Encode(evs[i])
+			if err != nil {
+				t.Fatal(err)
+			}
+			msgs[i] = msg
+		}
+		marshal := func(m rabbitmq.Marshaler, msg *message.Message) publication {
+			p, err := m.Marshal(msg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return publication{key: key, Publishing: p}
+		}
+		standard := rabbitmq.Marshaler{AppID: "accounts"}
+		lean := rabbitmq.Marshaler{Format: rabbitmq.FormatLean}
+		older, err := wmamqp.DefaultMarshaler{}.Marshal(msgs[5])
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p rabbitmq.Pack
+		for _, msg := range msgs[3:5] {
+			p.AppendEvent(msg.UUID, msg.Payload)
+		}
+		pack := publication{key: key, Publishing: amqp.Publishing{
+			ContentType: rabbitmq.PackContentType, MessageId: msgs[3].UUID, Body: p.Body(), DeliveryMode: amqp.Persistent,
+		}}
+		f.publishRaw(
+			marshal(standard, msgs[0]),
+			marshal(lean, msgs[1]),
+			marshal(standard, msgs[2]),
+			marshal(lean, msgs[1]), // again, in another format than the first time
+			pack,
+			publication{key: key, Publishing: older},
+			marshal(standard, msgs[4]), // again, alone after its pack
+			marshal(lean, msgs[6]),
+		)
+		f.waitVersions(a, 1, 2, 3, 4, 5, 6, 7)
+		if rows := f.setAside(); len(rows) != 0 {
+			t.Errorf("set aside: %+v", rows)
+		}
+		if n := f.count(`SELECT count(*) FROM applied`); n != len(evs) {
+			t.Errorf("%d rows applied, want %d: each event once", n, len(evs))
+		}
+	})
+}
