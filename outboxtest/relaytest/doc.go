@@ -27,6 +27,20 @@
 //   - every committed event is published and delivered, also through a
 //     queue that refuses publishes while it is full (the broker nacks
 //     them): the relay moves on only past confirmed publishes;
+//   - with the kind's wire format left at its default, events committed in
+//     bursts (transactions of several events over many aggregates, as a
+//     backlog and while the relay runs) reach two consumers that run no
+//     Outboxmill code, each through a queue of its own bound to the
+//     exchange with a topic pattern: a stock watermill-amqp subscriber
+//     (DefaultMarshaler; it declares the exchange with its
+//     alternate-exchange argument, see docs/wire.md) and a raw AMQP client.
+//     Each receives every event once as a message of its own: the event id
+//     as Watermill's UUID and as the message-id property, the metadata as
+//     string headers, AMQP's type, timestamp (the occurrence time to the
+//     second), app-id (the publishing module), content type
+//     application/json and persistent delivery, and a body that decodes to
+//     the envelope. A lean or packed message (a relay that made either
+//     its default) fails it;
 //   - one aggregate's events are first delivered on its lane in version
 //     order, with no version missing, whatever else happens (every
 //     property checks this);

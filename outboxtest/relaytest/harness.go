@@ -55,8 +55,12 @@ func newRegistry() *domain.Registry {
 	return reg
 }
 
+// contractModule is the publishing module whose outbox the suite relays:
+// the app-id of what the relay publishes.
+const contractModule = "relaytest"
+
 // contractOutbox is the outbox of every test's database.
-var contractOutbox = outbox.ForModule("relaytest")
+var contractOutbox = outbox.ForModule(contractModule)
 
 // harness is one property's world: a database, a broker namespace with its
 // lanes and their consumers, a producer, and the relay instances started.
@@ -77,6 +81,14 @@ type harness struct {
 // newHarness creates the database and the namespace of t and starts
 // consuming the lanes.
 func newHarness(t *testing.T) *harness {
+	t.Helper()
+	return newHarnessWith(t, false)
+}
+
+// newHarnessWith is newHarness; with unroutable, the namespace's exchange
+// is declared as a module's is, with an alternate exchange that feeds an
+// unroutable queue (rabbitmq.Topology.UnroutableQueue).
+func newHarnessWith(t *testing.T, unroutable bool) *harness {
 	t.Helper()
 	env := testenv.FromEnvironment()
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
@@ -110,6 +122,9 @@ func newHarness(t *testing.T) *harness {
 		metrics: &positionRecorder{regressions: map[string]int{}}}
 	h.exchange = name + ".events"
 	h.topology = rabbitmq.Topology{Exchanges: []string{h.exchange}}
+	if unroutable {
+		h.topology.UnroutableQueue = name + ".unroutable"
+	}
 	for i := range lanes {
 		q := rabbitmq.Queue{Name: fmt.Sprintf("%s.lane.%d", name, i)}
 		for s := i; s < outbox.Shards; s += lanes {

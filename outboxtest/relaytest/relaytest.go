@@ -140,6 +140,7 @@ type property struct {
 // properties are the contract, in the order they run.
 var properties = []property{
 	{name: "PublishesEveryCommittedEventWithConfirms", run: testPublishesEveryCommittedEvent},
+	{name: "PublishesTheStandardWireFormat", run: testStandardWireFormat},
 	{name: "KeepsAggregateOrderOnLanes", run: testKeepsAggregateOrder},
 	{name: "NeverPublishesRolledBackEvents", run: testNeverPublishesRolledBack},
 	{name: "DoesNotSkipATransactionCommittedLate", run: testDoesNotSkipLateCommit},
