@@ -80,8 +80,9 @@ func (t *Tx) Len() int { return len(t.statements) }
 
 // Commit sends the queued statements to db in one round trip and returns once
 // PostgreSQL has run them as one transaction. If a statement fails, none of
-// them takes effect and the error names the first statement that failed and
-// wraps PostgreSQL's error (a *pgconn.PgError, matched on its code). As with
+// them takes effect and the error is a *StatementError: it names the first
+// statement that failed and wraps PostgreSQL's error (a *pgconn.PgError,
+// matched on its code). As with
 // any commit, an error from a lost connection leaves the outcome unknown.
 // After an error the statements stay queued, and Commit may be called again
 // to retry them; after a commit the Tx is empty. An empty Tx commits without
@@ -117,9 +118,9 @@ func (t *Tx) send(ctx context.Context, db *sqlx.DB) error {
 		}
 		results := sc.Conn().SendBatch(ctx, &batch)
 		var first error
-		for _, st := range t.statements {
+		for i, st := range t.statements {
 			if _, err := results.Exec(); err != nil && first == nil {
-				first = fmt.Errorf("%s: %w", st.name(), err)
+				first = &StatementError{Label: st.label, Index: i, name: st.name(), Err: err}
 			}
 		}
 		if err := results.Close(); err != nil && first == nil {
@@ -128,6 +129,28 @@ func (t *Tx) send(ctx context.Context, db *sqlx.DB) error {
 		return first
 	})
 }
+
+// StatementError is the error Commit returns when a queued statement
+// failed: which one, and PostgreSQL's error (a *pgconn.PgError), which it
+// wraps. A caller tells its own statements' failures apart by Label, never
+// by the error's text.
+type StatementError struct {
+	// Label is the label the statement was queued with (Exec), "" for one
+	// queued without.
+	Label string
+	// Index is the statement's place among those queued, from 0.
+	Index int
+	// Err is the statement's error.
+	Err  error
+	name string
+}
+
+// Error names the statement by its label, or the first words of its
+// query, and says what failed.
+func (e *StatementError) Error() string { return e.name + ": " + e.Err.Error() }
+
+// Unwrap returns the statement's error.
+func (e *StatementError) Unwrap() error { return e.Err }
 
 // Supported reports whether db uses pgx's database/sql driver, which Commit
 // needs.

@@ -83,6 +83,10 @@ func TestTx_Commit(t *testing.T) {
 		if !strings.HasPrefix(err.Error(), "insert item 1: ") {
 			t.Errorf("error %q does not name the failing statement first", err)
 		}
+		var failed *pgbatch.StatementError
+		if !errors.As(err, &failed) || failed.Label != "insert item 1" || failed.Index != 2 {
+			t.Errorf("got %#v, want a *StatementError of the third statement, labelled insert item 1", err)
+		}
 		if n := db.Count(t, `SELECT count(*) FROM items`); n != 0 {
 			t.Errorf("%d rows stored by a failed transaction, want none", n)
 		}

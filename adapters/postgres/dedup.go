@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -276,10 +275,11 @@ func (d Dedup) PipelineBatch(ctx context.Context, msgs []*message.Message, state
 	}
 	err = tx.Commit(ctx, d.DB)
 	var pgErr *pgconn.PgError
+	var failed *pgbatch.StatementError
 	switch {
 	case errors.Is(err, pgbatch.ErrUnsupportedDriver),
 		errors.As(err, &pgErr) && pgErr.Code == codeUniqueViolation,
-		errors.As(err, &pgErr) && pgErr.Code == codeDivisionByZero && strings.HasPrefix(err.Error(), GuardLabel):
+		errors.As(err, &failed) && failed.Label == GuardLabel && errors.As(err, &pgErr) && pgErr.Code == codeDivisionByZero:
 		return 0, fmt.Errorf("%w: %w", ErrNotPipelined, err)
 	case err != nil:
 		return 0, fmt.Errorf("dedup: %d events in one round trip: %w", len(msgs), err)
