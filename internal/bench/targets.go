@@ -134,7 +134,9 @@ func (t Target) ratioText() string {
 	if !t.Measured {
 		return "-"
 	}
-	return fmt.Sprintf("%.2fx", t.Ratio)
+	// Three decimals: a ratio just short of its bound must not read as
+	// the bound.
+	return fmt.Sprintf("%.3fx", t.Ratio)
 }
 
 // targets computes the default format's targets for each relay kind

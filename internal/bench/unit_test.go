@@ -243,10 +243,10 @@ func TestRunner_finish(t *testing.T) {
 			}
 		}
 		want := []string{
-			"drain against the broker's rate for the same messages: 0.75x NOT MET",
-			"end to end against Watermill stock: 4.00x NOT MET",
-			"end to end against the floor: 0.80x NOT MET",
-			"p99 at 1000/s against the naive dual write's: 0.83x met",
+			"drain against the broker's rate for the same messages: 0.750x NOT MET",
+			"end to end against Watermill stock: 4.000x NOT MET",
+			"end to end against the floor: 0.800x NOT MET",
+			"p99 at 1000/s against the naive dual write's: 0.833x met",
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("targets:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
