@@ -47,7 +47,7 @@ func run(args []string, stderr io.Writer) int {
 	servers := stack.EnvFromEnvironment()
 	full, short := bench.FullConfig("", ""), bench.QuickConfig("", "")
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	quick := fs.Bool("quick", false, "quick run (about four minutes): smaller backlog, shorter windows, fewer loads")
+	quick := fs.Bool("quick", false, "quick run (about five minutes): smaller backlog, shorter windows, fewer loads")
 	out := fs.String("out", "bench-out", "directory the report is written to")
 	kinds := fs.String("relay-kinds", "watermill,outboxmill,cdc", "relay.New kinds measured as Outboxmill's pipeline (comma-separated); a kind the build does not know is skipped with a note")
 	baselines := fs.String("baselines", "floor,naive,stock,tuned", "baselines measured (comma-separated subset of floor, naive, stock, tuned, or none)")

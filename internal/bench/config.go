@@ -201,7 +201,7 @@ func FullConfig(adminDatabaseURL, amqpURL string) Config {
 	}
 }
 
-// QuickConfig is the quick run: about four minutes on a 2-core machine, with
+// QuickConfig is the quick run: about five minutes on a 2-core machine, with
 // a smaller backlog, shorter windows and fewer loads.
 func QuickConfig(adminDatabaseURL, amqpURL string) Config {
 	c := FullConfig(adminDatabaseURL, amqpURL)
