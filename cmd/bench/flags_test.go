@@ -28,6 +28,8 @@ func TestRun_FlagRanges(t *testing.T) {
 		{"loads not increasing", []string{"-loads", "500,100"}, "loads must be positive and increasing"},
 		{"negative relay poll", []string{"-relay-poll", "-1s"}, "-relay-poll -1s must not be negative: want 0s..10m"},
 		{"pack events past the bound", []string{"-relay-pack-events", "20000"}, "-relay-pack-events 20000 is outside 0..10000 (0: the default)"},
+		{"unknown format", []string{"-formats", "standard,compact"}, `-formats: unknown wire format "compact"`},
+		{"format twice", []string{"-formats", "packed,packed"}, `wire format "packed" given twice`},
 		{"tuned poll 0", []string{"-tuned-poll", "0s"}, "-tuned-poll 0s is outside 1ms..10m"},
 		{"tuned batch 0", []string{"-tuned-batch", "0"}, "-tuned-batch 0 is outside 1..100000"},
 		{"tuned pool past channel_max", []string{"-tuned-pool", "5000"}, "-tuned-pool 5000 is outside 1..2047"},

@@ -4,7 +4,11 @@
 //
 // Usage:
 //
-//	bench [-quick] [-out DIR] [-relay-kinds watermill,outboxmill,cdc] [-stages] [-readme README.md]
+//	bench [-quick] [-out DIR] [-relay-kinds watermill,outboxmill,cdc] [-formats standard,packed] [-stages] [-readme README.md]
+//
+// Each relay kind is measured in each wire format of -formats: the default
+// format (standard) gives the figures the targets are read from, and the
+// others are measured beside it.
 //
 // It exits 0 when the run completed, 1 when the integrity check failed (the
 // pipeline lost or doubled an event, or the handled events counted from the
@@ -27,6 +31,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/internal/bench"
 	"github.com/outboxmill/outboxmill/internal/cli"
 	"github.com/outboxmill/outboxmill/internal/stack"
@@ -42,7 +47,7 @@ func run(args []string, stderr io.Writer) int {
 	servers := stack.EnvFromEnvironment()
 	full, short := bench.FullConfig("", ""), bench.QuickConfig("", "")
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	quick := fs.Bool("quick", false, "quick run (about four minutes): smaller backlog, shorter windows, fewer loads")
+	quick := fs.Bool("quick", false, "quick run (about five minutes): smaller backlog, shorter windows, fewer loads")
 	out := fs.String("out", "bench-out", "directory the report is written to")
 	kinds := fs.String("relay-kinds", "watermill,outboxmill,cdc", "relay.New kinds measured as Outboxmill's pipeline (comma-separated); a kind the build does not know is skipped with a note")
 	baselines := fs.String("baselines", "floor,naive,stock,tuned", "baselines measured (comma-separated subset of floor, naive, stock, tuned, or none)")
@@ -50,7 +55,8 @@ func run(args []string, stderr io.Writer) int {
 	loads := fs.String("loads", "", fmt.Sprintf("offered loads of the latency figures, events/s (1..1000000 each, increasing), comma-separated (default %s; quick %s)", joinInts(full.Loads), joinInts(short.Loads)))
 	backlog := fs.Int("backlog", 0, fmt.Sprintf("events pre-filled for the drain rate, 0..10000000 (0: the default, %d; quick %d)", full.Backlog, short.Backlog))
 	relayPoll := fs.Duration("relay-poll", 0, "poll interval given to relay.New, 0..10m (0: each kind's default)")
-	relayPack := fs.Int("relay-pack-events", 0, "most events per message given to relay.New, 0..10000 (0: the default; 1: every event alone)")
+	formats := fs.String("formats", "standard,packed", "wire formats each relay kind is measured in (comma-separated: standard, the default, whose figures the targets use; lean; packed); the watermill kind packs nothing and is not measured packed")
+	relayPack := fs.Int("relay-pack-events", 0, "most events per message given to relay.New in the packed format, 0..10000 (0: the default; 1: every event alone)")
 	tunedPoll := fs.Duration("tuned-poll", full.TunedPollInterval, "poll interval of the tuned Watermill forwarder, 1ms..10m")
 	tunedBatch := fs.Int("tuned-batch", full.TunedBatchSize, "select batch size of the tuned Watermill forwarder, 1..100000")
 	tunedPool := fs.Int("tuned-pool", full.TunedChannelPool, "AMQP channel pool size of the tuned Watermill forwarder, 1..2047")
@@ -75,6 +81,15 @@ func run(args []string, stderr io.Writer) int {
 		cfg = bench.QuickConfig(*adminURL, *amqpURL)
 	}
 	cfg.RelayKinds = splitList(*kinds)
+	cfg.Formats = nil
+	for _, name := range splitList(*formats) {
+		f, err := rabbitmq.ParseFormat(name)
+		if err != nil {
+			fmt.Fprintf(stderr, "bench: -formats: %v\n", err)
+			return 2
+		}
+		cfg.Formats = append(cfg.Formats, f)
+	}
 	cfg.Baselines = splitList(*baselines)
 	if len(cfg.Baselines) == 1 && cfg.Baselines[0] == "none" {
 		cfg.Baselines = nil

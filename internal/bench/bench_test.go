@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/adapters/relay"
 	"github.com/outboxmill/outboxmill/internal/stack"
 )
@@ -22,7 +23,10 @@ func tinyConfig(t *testing.T) Config {
 	servers := stack.EnvFromEnvironment()
 	cfg := QuickConfig(servers.AdminDatabaseURL, servers.AMQPURL)
 	cfg.Mode = "tiny"
+	// Each kind in the default format, and cdc packed beside it (the
+	// watermill kind packs nothing).
 	cfg.RelayKinds = []string{relay.KindWatermill, relay.KindCDC, "no-such-kind"}
+	cfg.Formats = []rabbitmq.Format{rabbitmq.FormatStandard, rabbitmq.FormatPacked}
 	// The stock forwarder polls once a second: it would slow the test down,
 	// and the ratios against it are tested on their own (TestRunner_finish).
 	cfg.Baselines = []string{BaselineFloor, BaselineNaive}
@@ -64,7 +68,12 @@ func TestRun(t *testing.T) {
 
 		want := []struct{ group, name, variant string }{
 			{GroupDrain, figDrain(300), "relay/cdc"},
+			{GroupDrain, figDrainWire, "relay/cdc"},
 			{GroupE2E, figE2E, "relay/cdc"},
+			{GroupDrain, figDrain(300), "relay/cdc/packed"},
+			{GroupDrain, figDrainWire, "relay/cdc/packed"},
+			{GroupE2E, figE2E, "relay/cdc/packed"},
+			{GroupLimit, figPublishBacklogIn(300, 256, rabbitmq.FormatPacked), ""},
 			{GroupIdle, figIdle, "relay/cdc"},
 			{GroupWake, figWakeOff, "relay/cdc"},
 			{GroupWake, figWakeOn, "relay/cdc"},
@@ -127,7 +136,7 @@ func TestRun(t *testing.T) {
 		// held back behind a slow relay can go a window without a sample.
 		// The split as a whole cannot.
 		goTerms := []string{costTermPrefix + termProducers, costTermPrefix + termRelay, costTermPrefix + termConsumer, costTermPrefix + termRuntime}
-		for _, v := range []string{BaselineFloor, BaselineNaive, "relay/watermill", "relay/cdc"} {
+		for _, v := range []string{BaselineFloor, BaselineNaive, "relay/watermill", "relay/cdc", "relay/cdc/packed"} {
 			busy := []string{figCostCPU, figCostWAL, figCostWire, costTermPrefix + termPGProducers, costTermPrefix + termPGConsumer,
 				costTermPrefix + termBroker}
 			present := []string{figCostDisk, costTermPrefix + termPGServer, costTermPrefix + termProducers, costTermPrefix + termConsumer,
@@ -181,15 +190,39 @@ func TestRun(t *testing.T) {
 				t.Errorf("drain cost of %s: %+v (found %v), want %d positive samples with the broker's term in the note", v, f, ok, cfg.Reps)
 			}
 		}
-		// A cdc relay packs the drained backlog, and the drain says so.
-		if f, _ := report.find(GroupDrain, figDrain(300), "relay/cdc"); !strings.Contains(f.Note, "events per message") {
-			t.Errorf("relay/cdc drain note %q does not give the events per message", f.Note)
+		// A cdc relay packs the drained backlog in the packed format, and
+		// the drain says so; in the default format it sends one message
+		// per event.
+		if f, _ := report.find(GroupDrain, figDrain(300), "relay/cdc/packed"); !strings.Contains(f.Note, "events per message") {
+			t.Errorf("relay/cdc/packed drain note %q does not give the events per message", f.Note)
+		}
+		if f, _ := report.find(GroupDrain, figDrain(300), "relay/cdc"); strings.Contains(f.Note, "events per message") {
+			t.Errorf("relay/cdc packed in the default format: drain note %q", f.Note)
+		}
+		// The default format is compared with packs, and has its targets.
+		if f, _ := report.find(GroupE2E, figE2E, "relay/cdc"); !slices.ContainsFunc(f.Ratios, func(ra Ratio) bool { return ra.Against == "packed" && ra.Value > 0 }) {
+			t.Errorf("relay/cdc end to end not compared with packed: %+v", f.Ratios)
+		}
+		var targets []string
+		for _, tg := range report.Targets {
+			targets = append(targets, tg.Variant+": "+tg.Name)
+			if tg.Name == "drain against the broker's rate for the same messages" && !tg.Measured {
+				t.Errorf("drain target not measured: %+v", tg)
+			}
+		}
+		if len(report.Targets) != 8 {
+			t.Errorf("targets %v, want 4 for each kind measured in the default format", targets)
+		}
+		for _, fig := range []string{figIdle} {
+			if _, ok := report.find(GroupIdle, fig, "relay/cdc/packed"); ok {
+				t.Errorf("the packed variant measured %s, a figure of the default format only", fig)
+			}
 		}
 
 		for _, tc := range []struct {
 			group, name string
 			ratios      int
-		}{{GroupDrain, figDrain(300), 2}, {GroupE2E, figE2E, 2}} {
+		}{{GroupDrain, figDrain(300), 2}, {GroupE2E, figE2E, 3}} {
 			f, _ := report.find(tc.group, tc.name, "relay/watermill")
 			if len(f.Ratios) != tc.ratios {
 				t.Errorf("%s ratios of relay/watermill = %+v, want %d against limits", tc.group, f.Ratios, tc.ratios)
@@ -230,8 +263,8 @@ func TestRun(t *testing.T) {
 			}
 		}
 
-		if len(report.Integrity) != 4 {
-			t.Errorf("integrity of %d variants, want 4 (floor, naive, relay/watermill, relay/cdc): %+v", len(report.Integrity), report.Integrity)
+		if len(report.Integrity) != 5 {
+			t.Errorf("integrity of %d variants, want 5 (floor, naive, relay/watermill, relay/cdc, relay/cdc/packed): %+v", len(report.Integrity), report.Integrity)
 		}
 		for _, in := range report.Integrity {
 			if in.Variant == BaselineFloor {

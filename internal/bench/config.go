@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/adapters/relay"
 )
 
@@ -45,6 +46,13 @@ type Config struct {
 	// RelayKinds are the relay.New kinds measured as Outboxmill's pipeline.
 	// A kind relay.New refuses is skipped with a note.
 	RelayKinds []string
+	// Formats are the wire formats (relay.Config.Format) each relay kind is
+	// measured in, each a variant of its own. rabbitmq.FormatStandard, the
+	// default, is the format of the targets (Report.Targets) and of the
+	// baselines' messages; another format is measured beside it (drain, end
+	// to end, cost, latency) and compared with it. The watermill kind packs
+	// nothing, so it is not measured in rabbitmq.FormatPacked.
+	Formats []rabbitmq.Format
 	// Baselines are the baselines measured (BaselineFloor, BaselineNaive,
 	// BaselineStock, BaselineTuned). The stock forwarder is the reference of the "vs stock"
 	// ratios; without it those ratios are left out.
@@ -131,8 +139,8 @@ type Config struct {
 	// each kind's default.
 	RelayPollInterval time.Duration
 	// RelayPackEvents is the pack size given to relay.New
-	// (relay.Config.PackEvents; 1: every event alone); 0 leaves the
-	// default.
+	// (relay.Config.PackEvents; 1: every event alone) for the variants in
+	// rabbitmq.FormatPacked; 0 leaves the default.
 	RelayPackEvents int
 	// TunedPollInterval and TunedBatchSize are the tuned forwarder's poll
 	// interval and select batch size.
@@ -161,6 +169,7 @@ func FullConfig(adminDatabaseURL, amqpURL string) Config {
 		AMQPURL:           amqpURL,
 		Mode:              "full",
 		RelayKinds:        []string{relay.KindWatermill, relay.KindOutboxmill, relay.KindCDC},
+		Formats:           []rabbitmq.Format{rabbitmq.FormatStandard, rabbitmq.FormatPacked},
 		Baselines:         []string{BaselineFloor, BaselineNaive, BaselineStock, BaselineTuned},
 		Limits:            true,
 		Reps:              2,
@@ -192,7 +201,7 @@ func FullConfig(adminDatabaseURL, amqpURL string) Config {
 	}
 }
 
-// QuickConfig is the quick run: about four minutes on a 2-core machine, with
+// QuickConfig is the quick run: about five minutes on a 2-core machine, with
 // a smaller backlog, shorter windows and fewer loads.
 func QuickConfig(adminDatabaseURL, amqpURL string) Config {
 	c := FullConfig(adminDatabaseURL, amqpURL)
@@ -247,6 +256,19 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("relay kind %q given twice", k))
 		}
 		seen[k] = true
+	}
+	formats := map[rabbitmq.Format]bool{}
+	for _, f := range c.Formats {
+		if _, err := rabbitmq.ParseFormat(string(f)); err != nil || f == "" {
+			errs = append(errs, fmt.Errorf("unknown wire format %q (want %s, %s or %s)", f, rabbitmq.FormatStandard, rabbitmq.FormatLean, rabbitmq.FormatPacked))
+		}
+		if formats[f] {
+			errs = append(errs, fmt.Errorf("wire format %q given twice", f))
+		}
+		formats[f] = true
+	}
+	if len(c.RelayKinds) > 0 && len(c.Formats) == 0 {
+		errs = append(errs, errors.New("no wire format to measure the relay kinds in"))
 	}
 	for _, b := range c.Baselines {
 		switch b {

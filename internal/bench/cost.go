@@ -607,10 +607,40 @@ const (
 	figCostWire    = "broker bytes per event"
 	figCostDisk    = "broker disk writes per event"
 	costTermPrefix = "CPU per event: "
+	// figCostWireTo and figCostWireFrom split figCostWire by direction;
+	// like the terms of the CPU time, the report shows them in the matrix.
+	figCostWireTo   = figCostWire + ": to the broker"
+	figCostWireFrom = figCostWire + ": from the broker"
 )
 
-// figDrainCPU names the drain's cost figure.
-const figDrainCPU = "drain: CPU per event"
+// inMatrixOnly reports whether the figure named name is shown in the cost
+// matrix only, not as a row of the table.
+func inMatrixOnly(name string) bool {
+	return strings.HasPrefix(name, costTermPrefix) || name == figCostWireTo || name == figCostWireFrom
+}
+
+// wireTo and wireFrom return the bytes per event sent to the broker and
+// received from it.
+func (s costSample) wireTo() float64 {
+	if s.Events <= 0 {
+		return 0
+	}
+	return s.BrokerIn / float64(s.Events)
+}
+
+func (s costSample) wireFrom() float64 {
+	if s.Events <= 0 {
+		return 0
+	}
+	return s.BrokerOut / float64(s.Events)
+}
+
+// figDrainCPU names the drain's cost figure, and figDrainWire the bytes
+// sent to the broker per event published in the drain.
+const (
+	figDrainCPU  = "drain: CPU per event"
+	figDrainWire = "drain: bytes to the broker per event"
+)
 
 // drainFigures turns the cost samples of a variant's drains into a figure:
 // the CPU time per event published, with the terms (medians, those of at
@@ -620,11 +650,11 @@ func (m *costMeter) drainFigures(variant string, samples []costSample) []Figure 
 	if len(samples) == 0 {
 		return nil
 	}
-	var totals []float64
+	var totals, wire []float64
 	terms := map[string][]float64{}
 	for _, s := range samples {
 		cpu, total, _, _, _ := s.perEvent()
-		totals = append(totals, total)
+		totals, wire = append(totals, total), append(wire, s.wireTo())
 		for t, v := range cpu {
 			terms[t] = append(terms[t], v)
 		}
@@ -639,7 +669,14 @@ func (m *costMeter) drainFigures(variant string, samples []costSample) []Figure 
 		}
 	}
 	f.Note = strings.Join(parts, ", ")
-	return []Figure{f}
+	figs := []Figure{f}
+	if m.ss {
+		// Only the relay publishes while it drains: its messages, per event.
+		w := newFigure(GroupDrain, figDrainWire, variant, "B/event", wire)
+		w.Note = "sent on this machine's connections to the broker (ss), per event published"
+		figs = append(figs, w)
+	}
+	return figs
 }
 
 // figures turns the cost samples of a variant's repetitions into figures:
@@ -649,11 +686,12 @@ func (m *costMeter) figures(variant string, samples []costSample) []Figure {
 	if len(samples) == 0 {
 		return nil
 	}
-	var totals, wal, wire, disk []float64
+	var totals, wal, wire, wireTo, wireFrom, disk []float64
 	terms := map[string][]float64{}
 	for i, s := range samples {
 		cpu, total, w, b, d := s.perEvent()
 		totals, wal, wire, disk = append(totals, total), append(wal, w), append(wire, b), append(disk, d)
+		wireTo, wireFrom = append(wireTo, s.wireTo()), append(wireFrom, s.wireFrom())
 		for _, t := range costTerms {
 			if v, ok := cpu[t]; ok {
 				for len(terms[t]) < i {
@@ -668,7 +706,9 @@ func (m *costMeter) figures(variant string, samples []costSample) []Figure {
 	if m.ss {
 		f := newFigure(GroupCost, figCostWire, variant, "B/event", wire)
 		f.Note = "to and from the broker"
-		figs = append(figs, f)
+		figs = append(figs, f,
+			newFigure(GroupCost, figCostWireTo, variant, "B/event", wireTo),
+			newFigure(GroupCost, figCostWireFrom, variant, "B/event", wireFrom))
 	}
 	if m.broker != 0 {
 		figs = append(figs, newFigure(GroupCost, figCostDisk, variant, "B/event", disk))

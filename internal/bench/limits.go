@@ -38,6 +38,20 @@ func figPublishBacklog(backlog, window int) string {
 	return fmt.Sprintf("publish %s, confirm window %d", n, window)
 }
 
+// figPublishBacklogIn names the broker's rate for a backlog's worth of
+// events in the messages a relay publishing format sends: in
+// rabbitmq.FormatStandard figPublishBacklog, one message per event; in
+// another format the count is of events, in that format's messages (for
+// rabbitmq.FormatPacked, packs).
+func figPublishBacklogIn(backlog, window int, format rabbitmq.Format) string {
+	name := figPublishBacklog(backlog, window)
+	if format == rabbitmq.FormatStandard {
+		return name
+	}
+	head, tail, _ := strings.Cut(name, ",")
+	return fmt.Sprintf("%s events %s,%s", head, format, tail)
+}
+
 // figPublishRaw names the broker's raw limit: a backlog's worth of minimal
 // messages (rawBody, persistent, no header) published through the default
 // exchange into one queue.
@@ -77,6 +91,16 @@ type limitSamples struct {
 	order   []string
 	samples map[string][]float64
 	notes   map[string]string
+	// units holds the unit of a figure that is not the default of its
+	// name (limitFigures).
+	units map[string]string
+}
+
+func (l *limitSamples) unit(name, unit string) {
+	if l.units == nil {
+		l.units = map[string]string{}
+	}
+	l.units[name] = unit
 }
 
 func (l *limitSamples) add(name string, v float64) {
@@ -134,6 +158,9 @@ func (r *runner) limitFigures() {
 		if strings.HasPrefix(name, "consume+settle") || strings.HasPrefix(name, "commit") {
 			unit = "events/s"
 		}
+		if u, ok := r.limits.units[name]; ok {
+			unit = u
+		}
 		f := newFigure(GroupLimit, name, "", unit, r.limits.samples[name])
 		f.Note = r.limits.notes[name]
 		r.report.Figures = append(r.report.Figures, f)
@@ -177,9 +204,10 @@ func (r *runner) measureCommitLimits(ctx context.Context) error {
 	return measure(figCommitStepwise(most), most, stepwise)
 }
 
-// sampleMessage is the OrderPaid event of a new order, as the relay
-// publishes it: the event's ID, the message and its routing key.
-func sampleMessage() (string, amqp.Publishing, string, error) {
+// sampleMessage is the OrderPaid event of a new order, as a relay
+// publishing format sends it alone: the event's ID, the message and its
+// routing key.
+func sampleMessage(format rabbitmq.Format) (string, amqp.Publishing, string, error) {
 	_, ev, err := newPaidOrder(time.Now())
 	if err != nil {
 		return "", amqp.Publishing{}, "", err
@@ -188,8 +216,46 @@ func sampleMessage() (string, amqp.Publishing, string, error) {
 	if err != nil {
 		return "", amqp.Publishing{}, "", err
 	}
-	pub, err := rabbitmq.Marshaler{}.Marshal(msg)
+	pub, err := benchMarshaler(format).Marshal(msg)
 	return ev.ID, pub, outbox.RoutingKey(ev.Type, ev.AggregateID), err
+}
+
+// sampleBatch is what a relay publishing format sends for a backlog of
+// events of one routing key: the message, the events it carries, and its
+// routing key. In rabbitmq.FormatPacked it is a pack of Config.packEvents
+// events (as the relay lays one out: the lean events' UUIDs and bodies,
+// the first event's UUID as message-id); in every other format, and with
+// packs of one event, it is one event's message.
+func (c Config) sampleBatch(format rabbitmq.Format) (amqp.Publishing, int, string, error) {
+	_, pub, key, err := sampleMessage(format)
+	if err != nil || format != rabbitmq.FormatPacked || c.packEvents() < 2 {
+		return pub, 1, key, err
+	}
+	var pack rabbitmq.Pack
+	first := ""
+	for range c.packEvents() {
+		id, ev, _, err := sampleMessage(format)
+		if err != nil {
+			return amqp.Publishing{}, 0, "", err
+		}
+		if first == "" {
+			first = id
+		}
+		pack.AppendEvent(id, ev.Body)
+	}
+	return amqp.Publishing{DeliveryMode: amqp.Persistent, ContentType: rabbitmq.PackContentType, MessageId: first, Body: pack.Body()}, c.packEvents(), key, nil
+}
+
+// describeMessage says what a limit's message is, for its note.
+func describeMessage(format rabbitmq.Format, pub amqp.Publishing, events int) string {
+	headers := "no header"
+	if n := len(pub.Headers); n > 0 {
+		headers = fmt.Sprintf("%d headers", n)
+	}
+	if events > 1 {
+		return fmt.Sprintf("the relay's %s messages: packs of %d events, %d-byte body, %s, %s", format, events, len(pub.Body), pub.ContentType, headers)
+	}
+	return fmt.Sprintf("the relay's %s message: one event, %d-byte body, %s, %s", format, len(pub.Body), pub.ContentType, headers)
 }
 
 func (r *runner) measureBrokerLimits(ctx context.Context) error {
@@ -203,7 +269,8 @@ func (r *runner) measureBrokerLimits(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
-	_, pub, key, err := sampleMessage()
+	// The default format's message, one per event.
+	_, pub, key, err := sampleMessage(rabbitmq.FormatStandard)
 	if err != nil {
 		return err
 	}
@@ -231,24 +298,36 @@ func (r *runner) measureBrokerLimits(ctx context.Context) error {
 	}
 
 	// The drain's broker side without the database: a backlog's worth of
-	// messages into one queue, which grows as the drain's does.
-	backlogName := figPublishBacklog(r.cfg.Backlog, r.cfg.ConfirmWindow)
-	start := time.Now()
-	if err := publishN(ctx, conn, objs.exchange, key, pub, r.cfg.ConfirmWindow, r.cfg.Backlog); err != nil {
-		return fmt.Errorf("%s: %w", backlogName, err)
-	}
-	rate = float64(r.cfg.Backlog) / time.Since(start).Seconds()
-	r.limits.add(backlogName, rate)
-	r.progress("limit  %-40s %.0f/s", backlogName, rate)
-	if err := purge(conn, queue); err != nil {
-		return err
+	// events, in the messages each format's relays send, into one queue,
+	// which grows as the drain's does.
+	for _, format := range r.cfg.Formats {
+		name := figPublishBacklogIn(r.cfg.Backlog, r.cfg.ConfirmWindow, format)
+		msg, events, key, err := r.cfg.sampleBatch(format)
+		if err != nil {
+			return err
+		}
+		messages := (r.cfg.Backlog + events - 1) / events
+		start := time.Now()
+		if err := publishN(ctx, conn, objs.exchange, key, msg, r.cfg.ConfirmWindow, messages); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		rate := float64(messages*events) / time.Since(start).Seconds()
+		r.limits.add(name, rate)
+		r.limits.note(name, describeMessage(format, msg, events))
+		if format != rabbitmq.FormatStandard {
+			r.limits.unit(name, "events/s")
+		}
+		r.progress("limit  %-40s %.0f/s", name, rate)
+		if err := purge(conn, queue); err != nil {
+			return err
+		}
 	}
 
 	// The broker's raw limit: the same count of minimal persistent
 	// messages, straight into the same queue through the default exchange.
 	rawName := figPublishRaw(r.cfg.Backlog, r.cfg.ConfirmWindow)
 	raw := amqp.Publishing{DeliveryMode: amqp.Persistent, Body: rawBody}
-	start = time.Now()
+	start := time.Now()
 	if err := publishN(ctx, conn, "", queue, raw, r.cfg.ConfirmWindow, r.cfg.Backlog); err != nil {
 		return fmt.Errorf("%s: %w", rawName, err)
 	}
@@ -374,7 +453,7 @@ func (r *runner) measureSettleLimit(ctx context.Context, name, note string, spec
 	pending := make([]*amqp.DeferredConfirmation, 0, r.cfg.ConfirmWindow)
 	for i := 0; i < r.cfg.SettleMessages || len(pending) > 0; {
 		if i < r.cfg.SettleMessages && len(pending) < r.cfg.ConfirmWindow {
-			id, pub, key, err := sampleMessage()
+			id, pub, key, err := sampleMessage(rabbitmq.FormatStandard)
 			if err != nil {
 				return err
 			}

@@ -370,9 +370,9 @@ func (r *runner) setUp(ctx context.Context, v variant) (p *pipeline, err error) 
 				return p, err
 			}
 			if v.floor {
-				p.units = append(p.units, floorUnit(repo, ch, p.names.Exchange(benchPublisher), p.tr))
+				p.units = append(p.units, floorUnit(repo, ch, p.names.Exchange(benchPublisher), v.format, p.tr))
 			} else {
-				p.units = append(p.units, naiveUnit(repo, ch, p.names.Exchange(benchPublisher), p.tr))
+				p.units = append(p.units, naiveUnit(repo, ch, p.names.Exchange(benchPublisher), v.format, p.tr))
 			}
 		}
 		return p, nil
@@ -429,6 +429,11 @@ func (r *runner) measurePipeline(ctx context.Context, v variant) error {
 	}
 	if err := r.measureLatency(ctx, p, capacity); err != nil {
 		return err
+	}
+	if v.optIn() {
+		// The held transaction and the idle load do not depend on the
+		// format: measured in the default's only.
+		return r.checkPipeline(ctx, p)
 	}
 	if err := r.measureHold(ctx, p, capacity); err != nil {
 		return fmt.Errorf("held transaction: %w", err)
@@ -776,8 +781,8 @@ func (r *runner) measureWake(ctx context.Context, vs []variant) error {
 		{wakeNone, figWakeOff}, {wakeInProcess, figWakeOn}, {wakeNotify, figWakeNotify}, {wakePoll, figWakePoll},
 	}
 	for _, v := range vs {
-		if v.kind == "" {
-			continue
+		if v.kind == "" || v.optIn() {
+			continue // the commit rate beside a relay is the default's
 		}
 		if _, ok := r.skipped[v.key]; ok {
 			continue

@@ -37,11 +37,11 @@ func outboxUnit(repo *orderstore.Repository) unitOfWork {
 }
 
 // naiveUnit commits the order alone (the repository writes no outbox row for
-// an empty event list), then publishes its event on ch, a channel in confirm
-// mode, and waits for the confirm: a dual write. A publish that fails after
+// an empty event list), then publishes its event in format on ch, a channel
+// in confirm mode, and waits for the confirm: a dual write. A publish that fails after
 // the commit loses the event; it is counted in tr.publishErrors and shows up
 // as lost.
-func naiveUnit(repo *orderstore.Repository, ch *amqp.Channel, exchange string, tr *tracker) unitOfWork {
+func naiveUnit(repo *orderstore.Repository, ch *amqp.Channel, exchange string, format rabbitmq.Format, tr *tracker) unitOfWork {
 	return func(ctx context.Context) (string, time.Time, error) {
 		order, ev, err := newPaidOrder(time.Now())
 		if err != nil {
@@ -51,20 +51,20 @@ func naiveUnit(repo *orderstore.Repository, ch *amqp.Channel, exchange string, t
 			return "", time.Time{}, err
 		}
 		committedAt := time.Now()
-		if err := publishConfirmed(ctx, ch, exchange, ev); err != nil {
+		if err := publishConfirmed(ctx, ch, exchange, format, ev); err != nil {
 			tr.publishErrors.Add(1)
 		}
 		return ev.ID, committedAt, nil
 	}
 }
 
-// floorUnit commits the order alone, then publishes its event on ch, a
-// channel in confirm mode, without waiting for the confirm: the cheapest
+// floorUnit commits the order alone, then publishes its event in format on
+// ch, a channel in confirm mode, without waiting for the confirm: the cheapest
 // way to the broker, with confirms pipelined as the relay's are. A confirm
 // that comes back negative, or a failed publish, counts in tr.publishErrors
 // (the event shows up as lost). It is the floor's producer: what remains of
 // the work without the outbox.
-func floorUnit(repo *orderstore.Repository, ch *amqp.Channel, exchange string, tr *tracker) unitOfWork {
+func floorUnit(repo *orderstore.Repository, ch *amqp.Channel, exchange string, format rabbitmq.Format, tr *tracker) unitOfWork {
 	var pending []*amqp.DeferredConfirmation
 	return func(ctx context.Context) (string, time.Time, error) {
 		for len(pending) > 0 {
@@ -87,7 +87,7 @@ func floorUnit(repo *orderstore.Repository, ch *amqp.Channel, exchange string, t
 			return "", time.Time{}, err
 		}
 		committedAt := time.Now()
-		dc, err := publish(ctx, ch, exchange, ev)
+		dc, err := publish(ctx, ch, exchange, format, ev)
 		if err != nil {
 			tr.publishErrors.Add(1)
 		} else {
@@ -97,14 +97,15 @@ func floorUnit(repo *orderstore.Repository, ch *amqp.Channel, exchange string, t
 	}
 }
 
-// publish publishes ev as the relay would (same marshaler and routing key)
-// and returns its deferred confirm.
-func publish(ctx context.Context, ch *amqp.Channel, exchange string, ev domain.Event) (*amqp.DeferredConfirmation, error) {
+// publish publishes ev as a relay publishing in format would (the same
+// message, one per event, and routing key) and returns its deferred
+// confirm.
+func publish(ctx context.Context, ch *amqp.Channel, exchange string, format rabbitmq.Format, ev domain.Event) (*amqp.DeferredConfirmation, error) {
 	msg, err := outbox.Encode(ev)
 	if err != nil {
 		return nil, err
 	}
-	pub, err := rabbitmq.Marshaler{}.Marshal(msg)
+	pub, err := benchMarshaler(format).Marshal(msg)
 	if err != nil {
 		return nil, err
 	}
@@ -116,10 +117,10 @@ func publish(ctx context.Context, ch *amqp.Channel, exchange string, ev domain.E
 	return dc, nil
 }
 
-// publishConfirmed publishes ev as the relay would (same marshaler and
-// routing key) and waits for the broker's confirm.
-func publishConfirmed(ctx context.Context, ch *amqp.Channel, exchange string, ev domain.Event) error {
-	dc, err := publish(ctx, ch, exchange, ev)
+// publishConfirmed publishes ev as a relay publishing in format would (see
+// publish) and waits for the broker's confirm.
+func publishConfirmed(ctx context.Context, ch *amqp.Channel, exchange string, format rabbitmq.Format, ev domain.Event) error {
+	dc, err := publish(ctx, ch, exchange, format, ev)
 	if err != nil {
 		return err
 	}

@@ -52,12 +52,48 @@ type variant struct {
 	floor bool
 	// kind is the relay.New kind, or empty for a forwarder built here.
 	kind string
+	// format is the wire format of a relay kind's messages, and of the
+	// naive producers' (always rabbitmq.FormatStandard: the baselines are
+	// the default format's).
+	format rabbitmq.Format
 	// slots receives the slot health of a relay kind's relays (every one
 	// built for the variant); nil for baselines.
 	slots *slotHealth
 	// build returns the variant's relay over the outbox in db, publishing
 	// to exchange, set up as o says. Nil for naive variants.
 	build func(db *sqlx.DB, exchange string, o buildOptions) (relay.Relay, error)
+}
+
+// optIn reports whether v is a relay kind in a format other than the
+// default: measured beside the default (drain, end to end, cost, latency),
+// not in the held-transaction, idle and wake-up figures, which do not
+// depend on the format.
+func (v variant) optIn() bool { return v.kind != "" && v.format != rabbitmq.FormatStandard }
+
+// formatVariantKey returns the key of a relay kind's variant in format: the
+// default format's is "relay/KIND", another's "relay/KIND/FORMAT".
+func formatVariantKey(kind string, format rabbitmq.Format) string {
+	if format == rabbitmq.FormatStandard {
+		return "relay/" + kind
+	}
+	return "relay/" + kind + "/" + string(format)
+}
+
+// benchAppID is the app-id of the relays' standard messages: their default,
+// the outbox's topic without "_outbox", the publishing module.
+const benchAppID = benchPublisher
+
+// benchMarshaler lays out a message in format as the bench's relays do.
+func benchMarshaler(format rabbitmq.Format) rabbitmq.Marshaler {
+	return rabbitmq.Marshaler{Format: format, AppID: benchAppID}
+}
+
+// packEvents is the pack size of the relays in rabbitmq.FormatPacked.
+func (c Config) packEvents() int {
+	if c.RelayPackEvents > 0 {
+		return c.RelayPackEvents
+	}
+	return relay.DefaultPackEvents
 }
 
 // buildOptions are what a measurement changes in a relay.
@@ -81,8 +117,9 @@ func variants(cfg Config) []variant {
 			description: "the same workload without the outbox's own work: commit the order row, then publish the event, its confirm " +
 				"pipelined as the relay's are (no outbox row, no relay); the consumer books the ledger entries without a dedup marker " +
 				"or version guard. End-to-end throughput and cost only",
-			naive: true,
-			floor: true,
+			naive:  true,
+			floor:  true,
+			format: rabbitmq.FormatStandard,
 		})
 	}
 	if cfg.hasBaseline(BaselineNaive) {
@@ -91,6 +128,7 @@ func variants(cfg Config) []variant {
 			label:       "naive dual write",
 			description: "commit the order row, then publish the event with a confirm (own channel per writer); no outbox",
 			naive:       true,
+			format:      rabbitmq.FormatStandard,
 		})
 	}
 	if cfg.hasBaseline(BaselineStock) {
@@ -132,37 +170,57 @@ func variants(cfg Config) []variant {
 		})
 	}
 	for _, kind := range cfg.RelayKinds {
-		description := fmt.Sprintf("relay.New(db, %q, cfg), poll interval %s, woken by RelayWakeUp after each commit", kind, pollText(cfg.RelayPollInterval))
-		if cfg.RelayPackEvents > 0 {
-			description += fmt.Sprintf(", at most %d events per message", cfg.RelayPackEvents)
+		for _, format := range cfg.Formats {
+			if kind == relay.KindWatermill && format == rabbitmq.FormatPacked {
+				continue // it packs nothing: its packed messages are lean ones
+			}
+			vs = append(vs, relayVariant(cfg, kind, format))
 		}
-		if kind == relay.KindCDC {
-			description = fmt.Sprintf("relay.New(db, %q, cfg): the Outboxmill relay reading the outbox from a logical replication slot (pgoutput), "+
-				"heartbeat every %s; RelayWakeUp is called after each commit, as for the other kinds", kind, cdcHeartbeatInterval)
-		}
-		health := &slotHealth{}
-		vs = append(vs, variant{
-			key:         "relay/" + kind,
-			label:       "relay " + kind,
-			description: description,
-			kind:        kind,
-			slots:       health,
-			build: func(db *sqlx.DB, exchange string, o buildOptions) (relay.Relay, error) {
-				return relay.New(db, kind, relay.Config{
-					Outbox:            benchOutbox,
-					AMQPURL:           cfg.AMQPURL,
-					Exchange:          exchange,
-					PollInterval:      cmp.Or(o.pollInterval, cfg.RelayPollInterval),
-					PackEvents:        cfg.RelayPackEvents,
-					NotifyChannel:     o.notifyChannel,
-					HeartbeatInterval: cdcHeartbeatInterval,
-					Metrics:           health,
-					Logger:            cfg.Logger,
-				})
-			},
-		})
 	}
 	return vs
+}
+
+// relayVariant is relay kind kind publishing in format.
+func relayVariant(cfg Config, kind string, format rabbitmq.Format) variant {
+	description := fmt.Sprintf("relay.New(db, %q, cfg), poll interval %s, woken by RelayWakeUp after each commit", kind, pollText(cfg.RelayPollInterval))
+	if kind == relay.KindCDC {
+		description = fmt.Sprintf("relay.New(db, %q, cfg): the Outboxmill relay reading the outbox from a logical replication slot (pgoutput), "+
+			"heartbeat every %s; RelayWakeUp is called after each commit, as for the other kinds", kind, cdcHeartbeatInterval)
+	}
+	label := "relay " + kind
+	switch format {
+	case rabbitmq.FormatStandard:
+		description += "; the default wire format, one standard message per event"
+	case rabbitmq.FormatPacked:
+		label += " " + string(format)
+		description += fmt.Sprintf("; wire format %s: lean messages, and packs of at most %d events where several of one routing key are ready", format, cfg.packEvents())
+	default:
+		label += " " + string(format)
+		description += fmt.Sprintf("; wire format %s", format)
+	}
+	health := &slotHealth{}
+	return variant{
+		key:         formatVariantKey(kind, format),
+		label:       label,
+		description: description,
+		kind:        kind,
+		format:      format,
+		slots:       health,
+		build: func(db *sqlx.DB, exchange string, o buildOptions) (relay.Relay, error) {
+			return relay.New(db, kind, relay.Config{
+				Outbox:            benchOutbox,
+				AMQPURL:           cfg.AMQPURL,
+				Exchange:          exchange,
+				Format:            format,
+				PollInterval:      cmp.Or(o.pollInterval, cfg.RelayPollInterval),
+				PackEvents:        cfg.RelayPackEvents,
+				NotifyChannel:     o.notifyChannel,
+				HeartbeatInterval: cdcHeartbeatInterval,
+				Metrics:           health,
+				Logger:            cfg.Logger,
+			})
+		},
+	}
 }
 
 // cdcHeartbeatInterval is the heartbeat interval of the cdc relay: its

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 )
 
 // Figure groups, in the order the table shows them.
@@ -48,6 +50,9 @@ type Report struct {
 	Latency []LatencyPoint `json:"latency"`
 	// Integrity has one entry per variant whose events went end to end.
 	Integrity []Integrity `json:"integrity"`
+	// Targets are the default format's targets, ratios of this run; the
+	// report prints them and the run does not fail on them.
+	Targets []Target `json:"targets,omitempty"`
 	// Notes are remarks on the run: skipped kinds or loads, caveats.
 	Notes []string `json:"notes"`
 	// OK is false when an integrity check failed (see Integrity.OK).
@@ -97,6 +102,9 @@ type Settings struct {
 	Stages           bool    `json:"stages"`
 	// RelayPackEvents is the relays' pack size when not their default.
 	RelayPackEvents int `json:"relay_pack_events,omitempty"`
+	// Formats are the wire formats the relay kinds were measured in, the
+	// default (standard) first when it was.
+	Formats []string `json:"formats,omitempty"`
 }
 
 func settingsOf(c Config) Settings {
@@ -108,7 +116,16 @@ func settingsOf(c Config) Settings {
 		CapacityShare: c.CapacityShare, LatencyWindowS: c.LatencyWindow.Seconds(), IdleWindowS: c.IdleWindow.Seconds(),
 		WakeWindowS: c.WakeWindow.Seconds(), HoldLoad: c.HoldLoad, HoldS: c.HoldTime.Seconds(),
 		ConsumerPrefetch: c.ConsumerPrefetch, Consumer: c.Consumer, Stages: c.Stages, RelayPackEvents: c.RelayPackEvents,
+		Formats: formatNames(c.Formats),
 	}
+}
+
+func formatNames(fs []rabbitmq.Format) []string {
+	out := make([]string, len(fs))
+	for i, f := range fs {
+		out[i] = string(f)
+	}
+	return out
 }
 
 // VariantInfo describes a measured pipeline.
@@ -116,6 +133,10 @@ type VariantInfo struct {
 	Key         string `json:"key"`
 	Label       string `json:"label"`
 	Description string `json:"description"`
+	// Kind is the relay.New kind of a relay kind's variant, and Format
+	// its wire format; both empty for the baselines.
+	Kind   string `json:"kind,omitempty"`
+	Format string `json:"format,omitempty"`
 	// Skipped, when not empty, says why the variant was not measured.
 	Skipped string `json:"skipped,omitempty"`
 }
@@ -322,7 +343,7 @@ func (r *Report) rows() []tableRow {
 			continue
 		}
 		for _, f := range r.Figures {
-			if f.Group != g || strings.HasPrefix(f.Name, costTermPrefix) {
+			if f.Group != g || inMatrixOnly(f.Name) {
 				continue // the terms of the cost are in the cost matrix
 			}
 			row := tableRow{
@@ -476,6 +497,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 	}
 	r.writeCostText(&b)
+	r.writeTargetsText(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -493,6 +515,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		b.WriteString("| " + strings.Join(cells, " | ") + " |\n")
 	}
 	r.writeCostMarkdown(&b)
+	r.writeTargetsMarkdown(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
 }
@@ -577,6 +600,8 @@ func (r *Report) costMatrix() [][]string {
 	row("CPU µs, total", figCostCPU, "µs/event")
 	row("WAL bytes", figCostWAL, "B/event")
 	row("broker bytes, to and from", figCostWire, "B/event")
+	row("broker bytes, to the broker", figCostWireTo, "B/event")
+	row("broker bytes, from the broker", figCostWireFrom, "B/event")
 	row("broker bytes, to disk", figCostDisk, "B/event")
 	return out
 }

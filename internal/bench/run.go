@@ -83,7 +83,7 @@ func (r *runner) run(ctx context.Context) error {
 
 	vs := variants(r.cfg)
 	for _, v := range vs {
-		r.report.Variants = append(r.report.Variants, VariantInfo{Key: v.key, Label: v.label, Description: v.description})
+		r.report.Variants = append(r.report.Variants, v.info())
 	}
 	defer r.noteSlots(vs)
 
@@ -114,6 +114,15 @@ func (r *runner) run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// info describes v for the report.
+func (v variant) info() VariantInfo {
+	info := VariantInfo{Key: v.key, Label: v.label, Description: v.description}
+	if v.kind != "" {
+		info.Kind, info.Format = v.kind, string(v.format)
+	}
+	return info
 }
 
 // noteSlots says, for each relay kind whose relays reported on a
@@ -201,6 +210,13 @@ func (r *runner) finish() {
 	}
 	windowName := fmt.Sprintf("%s %d", figPublishWindow, r.cfg.ConfirmWindow)
 	backlogName := figPublishBacklog(r.cfg.Backlog, r.cfg.ConfirmWindow)
+	var backlogNames []string
+	for _, format := range r.cfg.Formats {
+		backlogNames = append(backlogNames, figPublishBacklogIn(r.cfg.Backlog, r.cfg.ConfirmWindow, format))
+	}
+	if !slices.Contains(backlogNames, backlogName) {
+		backlogNames = append(backlogNames, backlogName)
+	}
 	rawName := figPublishRaw(r.cfg.Backlog, r.cfg.ConfirmWindow)
 	bodyName := figPublishBody(r.cfg.Backlog, r.cfg.ConfirmWindow)
 	for i := range rep.Figures {
@@ -219,7 +235,7 @@ func (r *runner) finish() {
 				ref, ok := rep.find(GroupLimit, figPublishEach, "")
 				addRatio(f, "limit", "confirm each", ref, ok)
 			}
-			if f.Name == backlogName || f.Name == bodyName {
+			if slices.Contains(backlogNames, f.Name) || f.Name == bodyName {
 				ref, ok := rep.find(GroupLimit, rawName, "")
 				addRatio(f, "limit", "minimal message", ref, ok)
 			}
@@ -231,8 +247,10 @@ func (r *runner) finish() {
 			if f.Name != figDrain(r.cfg.Backlog) {
 				break
 			}
-			ref, ok := rep.find(GroupLimit, backlogName, "")
-			addRatio(f, "limit", fmt.Sprintf("publishing %d", r.cfg.Backlog), ref, ok)
+			// The broker's rate for the messages the variant sends.
+			format := rep.format(f.Variant)
+			ref, ok := rep.find(GroupLimit, figPublishBacklogIn(r.cfg.Backlog, r.cfg.ConfirmWindow, format), "")
+			addRatio(f, "limit", sameMessages(format), ref, ok)
 			ref, ok = rep.find(GroupLimit, rawName, "")
 			addRatio(f, "limit", "raw broker limit", ref, ok)
 		case GroupE2E:
@@ -241,6 +259,15 @@ func (r *runner) finish() {
 				addRatio(f, "limit", "commit rate", ref, ok)
 				ref, ok = rep.find(GroupLimit, r.cfg.consumerLimit(), "")
 				addRatio(f, "limit", "consumer", ref, ok)
+				if f.Variant != BaselineFloor {
+					ref, ok = rep.find(GroupE2E, figE2E, BaselineFloor)
+					addRatio(f, "limit", "floor", ref, ok)
+				}
+			}
+		case GroupLatency:
+			if f.Name == figP99 && f.Variant != BaselineNaive {
+				ref, ok := rep.findLoad(GroupLatency, figP99, BaselineNaive, f.Load)
+				addRatio(f, "limit", "naive dual write", ref, ok)
 			}
 		case GroupWake:
 			if f.Name == figWakeOff {
@@ -279,6 +306,9 @@ func (r *runner) finish() {
 			addRatio(f, "stock", "stock", ref, ok)
 		}
 	}
+
+	rep.compareFormats()
+	rep.Targets = rep.targets(r.cfg)
 
 	for _, v := range rep.Variants {
 		for _, load := range r.cfg.Loads {

@@ -2,12 +2,14 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/internal/testdb"
 )
 
@@ -68,9 +70,10 @@ func TestRunner_finish(t *testing.T) {
 	cfg := QuickConfig("postgres://x", "amqp://x")
 	cfg.CommitWriters = []int{1, 16}
 	cfg.Loads = []int{200, 1000}
+	cfg.Backlog = 100
 	r := &runner{env: &env{cfg: cfg}, report: &Report{OK: true}, skipped: map[string]string{}}
 	for _, v := range variants(cfg) {
-		r.report.Variants = append(r.report.Variants, VariantInfo{Key: v.key, Label: v.label})
+		r.report.Variants = append(r.report.Variants, v.info())
 	}
 	fig := func(group, name, variant string, load int, median float64) {
 		f := newFigure(group, name, variant, "x", []float64{median, median})
@@ -84,9 +87,19 @@ func TestRunner_finish(t *testing.T) {
 	fig(GroupLimit, figPublishWindow+" 256", "", 0, 20000)
 	fig(GroupLimit, figSettleBatched, "", 0, 2500)
 	fig(GroupDrain, figDrain(100), BaselineStock, 0, 1000)
+	fig(GroupLimit, figPublishBacklog(100, 256), "", 0, 20000)
+	fig(GroupLimit, figPublishBacklogIn(100, 256, rabbitmq.FormatPacked), "", 0, 60000)
 	fig(GroupDrain, figDrain(100), "relay/outboxmill", 0, 15000)
+	fig(GroupDrain, figDrain(100), "relay/outboxmill/packed", 0, 30000)
 	fig(GroupE2E, figE2E, BaselineStock, 0, 500)
+	fig(GroupE2E, figE2E, BaselineFloor, 0, 2500)
 	fig(GroupE2E, figE2E, "relay/outboxmill", 0, 2000)
+	fig(GroupE2E, figE2E, "relay/outboxmill/packed", 0, 2200)
+	for v, cpu := range map[string]float64{BaselineFloor: 300, "relay/outboxmill": 450, "relay/outboxmill/packed": 400} {
+		r.report.Figures = append(r.report.Figures, newFigure(GroupCost, figCostCPU, v, "µs/event", []float64{cpu, cpu}))
+	}
+	fig(GroupLatency, figP99, "relay/outboxmill", 1000, 10)
+	fig(GroupLatency, figP99, BaselineNaive, 1000, 12)
 	for _, v := range []string{BaselineStock, "relay/outboxmill"} {
 		scale := map[string]float64{BaselineStock: 100, "relay/outboxmill": 1}[v]
 		fig(GroupLatency, figP50, v, 200, 5*scale)
@@ -143,7 +156,14 @@ func TestRunner_finish(t *testing.T) {
 		{"commit 16 writers against 1", GroupLimit, figCommit(16), "", 0, "limit:1 writer", 4},
 		{"one round trip against statement by statement", GroupLimit, figCommit(16), "", 0, "limit:statement by statement", 2},
 		{"confirm window against confirm each", GroupLimit, figPublishWindow + " 256", "", 0, "limit", 10},
-		{"drain against the publish limit", GroupDrain, figDrain(100), "relay/outboxmill", 0, "limit", 0.75},
+		{"drain against the broker for the same messages", GroupDrain, figDrain(100), "relay/outboxmill", 0, "limit:broker, standard messages", 0.75},
+		{"packed drain against the broker for packs", GroupDrain, figDrain(100), "relay/outboxmill/packed", 0, "limit:broker, packed messages", 0.5},
+		{"drain against the same kind packed", GroupDrain, figDrain(100), "relay/outboxmill", 0, "limit:packed", 0.5},
+		{"end to end against the floor", GroupE2E, figE2E, "relay/outboxmill", 0, "limit:floor", 0.8},
+		{"end to end against the same kind packed", GroupE2E, figE2E, "relay/outboxmill", 0, "limit:packed", 2000.0 / 2200},
+		{"CPU per event against the same kind packed", GroupCost, figCostCPU, "relay/outboxmill", 0, "limit:packed", 1.125},
+		{"CPU per event against the floor", GroupCost, figCostCPU, "relay/outboxmill", 0, "limit:floor", 1.5},
+		{"p99 at 1000/s against the naive dual write", GroupLatency, figP99, "relay/outboxmill", 1000, "limit:naive dual write", 10.0 / 12},
 		{"drain against stock", GroupDrain, figDrain(100), "relay/outboxmill", 0, "stock", 15},
 		{"end to end against the commit rate of 16 writers", GroupE2E, figE2E, "relay/outboxmill", 0, "limit:commit rate", 0.5},
 		{"end to end against the consumer", GroupE2E, figE2E, "relay/outboxmill", 0, "limit:consumer", 0.8},
@@ -160,7 +180,7 @@ func TestRunner_finish(t *testing.T) {
 		{"1 ms poll against no wake-up", GroupWake, figWakePoll, "relay/outboxmill", 0, "limit:no wake-up", 0.8},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := ratio(tc.group, tc.fig, tc.variant, tc.load, tc.kind); math.Abs(got-tc.want) > 1e-9 {
+			if got := ratio(tc.group, tc.fig, tc.variant, tc.load, tc.kind); !(math.Abs(got-tc.want) <= 1e-9) {
 				t.Errorf("ratio = %g, want %g", got, tc.want)
 			}
 		})
@@ -201,6 +221,42 @@ func TestRunner_finish(t *testing.T) {
 			t.Errorf("hold rows:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 		}
 	})
+	t.Run("the packed variant is not compared with itself", func(t *testing.T) {
+		if got := ratio(GroupE2E, figE2E, "relay/outboxmill/packed", 0, "limit:packed"); !math.IsNaN(got) {
+			t.Errorf("ratio = %g", got)
+		}
+	})
+	t.Run("CPU per event notes the difference with packs", func(t *testing.T) {
+		f, _ := r.report.find(GroupCost, figCostCPU, "relay/outboxmill")
+		if !strings.Contains(f.Note, "+50 µs/event over packed") {
+			t.Errorf("note %q", f.Note)
+		}
+	})
+	t.Run("targets of the default format", func(t *testing.T) {
+		var got []string
+		for _, tg := range r.report.Targets {
+			if tg.Variant == "relay/outboxmill" {
+				got = append(got, fmt.Sprintf("%s: %s %s", tg.Name, tg.ratioText(), tg.verdict()))
+			}
+			if strings.HasSuffix(tg.Variant, "/packed") {
+				t.Errorf("a target for the opt-in format: %+v", tg)
+			}
+		}
+		want := []string{
+			"drain against the broker's rate for the same messages: 0.750x NOT MET",
+			"end to end against Watermill stock: 4.000x NOT MET",
+			"end to end against the floor: 0.800x NOT MET",
+			"p99 at 1000/s against the naive dual write's: 0.833x met",
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("targets:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+		var b strings.Builder
+		r.report.writeTargetsText(&b)
+		if !strings.Contains(b.String(), "relay cdc") || !strings.Contains(b.String(), "not measured") {
+			t.Errorf("targets of a kind not measured are not printed as such:\n%s", b.String())
+		}
+	})
 	t.Run("latency curves", func(t *testing.T) {
 		if len(r.report.Latency) != 3 {
 			t.Fatalf("latency points = %+v, want stock at 200 and outboxmill at 200 and 1000", r.report.Latency)
@@ -237,6 +293,9 @@ func TestConfig_Validate(t *testing.T) {
 		{"no broker", func(c *Config) { c.AMQPURL = "" }, "empty AMQP URL"},
 		{"negative hold load", func(c *Config) { c.HoldLoad = -1 }, "hold load must not be negative"},
 		{"no hold time", func(c *Config) { c.HoldTime = 0 }, "hold time must be positive"},
+		{"unknown format", func(c *Config) { c.Formats = []rabbitmq.Format{"compact"} }, `unknown wire format "compact"`},
+		{"format twice", func(c *Config) { c.Formats = []rabbitmq.Format{rabbitmq.FormatPacked, rabbitmq.FormatPacked} }, "given twice"},
+		{"no format", func(c *Config) { c.Formats = nil }, "no wire format"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok
