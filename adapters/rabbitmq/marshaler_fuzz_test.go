@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	watermillamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"maps"
 	"math"
 	"strings"
@@ -454,5 +455,50 @@ func TestQueuePublisher_ReplaysAMessageWhoseUUIDHeaderWasNotText(t *testing.T) {
 	}
 	if d.MessageId != "" || d.Headers["event_type"] != "OrderPaid" || len(d.Headers) != 1 || string(d.Body) != "x" {
 		t.Fatalf("replayed as %q %v %q, want an empty message-id, event_type and the body", d.MessageId, d.Headers, d.Body)
+	}
+}
+
+// TestQueuePublisher_ReplaysAnEventAsAStandardMessage: a set-aside event
+// replayed goes out in the standard format, with the app-id it came with,
+// whatever format it arrived in.
+func TestQueuePublisher_ReplaysAnEventAsAStandardMessage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	queue := stack.UniqueName("obm_test_")
+	deleteAtCleanup(t, nil, queue)
+	ch := channel(t)
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	lean, err := rabbitmq.Marshaler{Format: rabbitmq.FormatLean}.Marshal(newEvent(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	arrived := delivery(lean)
+	arrived.AppId = "orders"
+	consumed, err := rabbitmq.Marshaler{}.Unmarshal(arrived)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := rabbitmq.NewQueuePublisher(ctx, amqpURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Publish(ctx, queue, consumed); err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	d := get(t, ch, queue)
+	if err := d.Ack(false); err != nil {
+		t.Fatal(err)
+	}
+	want := newEvent(t)
+	if d.MessageId != want.UUID || d.Type != "OrderPaid" || d.AppId != "orders" || d.ContentType != rabbitmq.StandardContentType ||
+		d.DeliveryMode != amqp.Persistent || d.Headers[uuidHeader] != want.UUID || d.Headers[rabbitmq.MetaAppID] != nil {
+		t.Fatalf("replayed as message-id %q, type %q, app-id %q, content type %q, mode %d, headers %v", d.MessageId, d.Type, d.AppId, d.ContentType, d.DeliveryMode, d.Headers)
+	}
+	stock, err := watermillamqp.DefaultMarshaler{}.Unmarshal(d)
+	if err != nil || !stock.Equals(want) {
+		t.Fatalf("a stock subscriber reads %v, %v; want %v", stock, err, want)
 	}
 }
