@@ -426,13 +426,6 @@ func TestWireTable_ReadsWhatItWrites(t *testing.T) {
 // UUID (empty) as its message-id and its other headers.
 func TestQueuePublisher_ReplaysAMessageWhoseUUIDHeaderWasNotText(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	queue := stack.UniqueName("obm_test_")
-	deleteAtCleanup(t, nil, queue)
-	ch := channel(t)
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
 	consumed, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{Acknowledger: noAck{}, Body: []byte("x"),
 		Headers: amqp.Table{uuidHeader: int32(5), "event_type": "OrderPaid"}})
 	if err != nil {
@@ -441,18 +434,7 @@ func TestQueuePublisher_ReplaysAMessageWhoseUUIDHeaderWasNotText(t *testing.T) {
 	if _, err := (rabbitmq.Marshaler{}).Marshal(consumed); !errors.Is(err, rabbitmq.ErrReservedMetadata) {
 		t.Fatalf("Marshal = %v, want ErrReservedMetadata", err)
 	}
-	p, err := rabbitmq.NewQueuePublisher(ctx, amqpURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	if err := p.Publish(ctx, queue, consumed); err != nil {
-		t.Fatalf("replay: %v", err)
-	}
-	d := get(t, ch, queue)
-	if err := d.Ack(false); err != nil {
-		t.Fatal(err)
-	}
+	d := replay(t, consumed)
 	if d.MessageId != "" || d.Headers["event_type"] != "OrderPaid" || len(d.Headers) != 1 || string(d.Body) != "x" {
 		t.Fatalf("replayed as %q %v %q, want an empty message-id, event_type and the body", d.MessageId, d.Headers, d.Body)
 	}
@@ -463,13 +445,6 @@ func TestQueuePublisher_ReplaysAMessageWhoseUUIDHeaderWasNotText(t *testing.T) {
 // whatever format it arrived in.
 func TestQueuePublisher_ReplaysAnEventAsAStandardMessage(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	queue := stack.UniqueName("obm_test_")
-	deleteAtCleanup(t, nil, queue)
-	ch := channel(t)
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
 	lean, err := rabbitmq.Marshaler{Format: rabbitmq.FormatLean}.Marshal(newEvent(t))
 	if err != nil {
 		t.Fatal(err)
@@ -480,18 +455,7 @@ func TestQueuePublisher_ReplaysAnEventAsAStandardMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := rabbitmq.NewQueuePublisher(ctx, amqpURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	if err := p.Publish(ctx, queue, consumed); err != nil {
-		t.Fatalf("replay: %v", err)
-	}
-	d := get(t, ch, queue)
-	if err := d.Ack(false); err != nil {
-		t.Fatal(err)
-	}
+	d := replay(t, consumed)
 	want := newEvent(t)
 	if d.MessageId != want.UUID || d.Type != "OrderPaid" || d.AppId != "orders" || d.ContentType != rabbitmq.StandardContentType ||
 		d.DeliveryMode != amqp.Persistent || d.Headers[uuidHeader] != want.UUID || d.Headers[rabbitmq.MetaAppID] != nil {
@@ -501,4 +465,30 @@ func TestQueuePublisher_ReplaysAnEventAsAStandardMessage(t *testing.T) {
 	if err != nil || !stock.Equals(want) {
 		t.Fatalf("a stock subscriber reads %v, %v; want %v", stock, err, want)
 	}
+}
+
+// replay publishes msg with a QueuePublisher to a queue of its own and
+// returns the delivery the queue then holds, acknowledged.
+func replay(t *testing.T, msg *message.Message) amqp.Delivery {
+	t.Helper()
+	ctx := context.Background()
+	queue := stack.UniqueName("obm_test_")
+	deleteAtCleanup(t, nil, queue)
+	ch := channel(t)
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	p, err := rabbitmq.NewQueuePublisher(ctx, amqpURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if err := p.Publish(ctx, queue, msg); err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	d := get(t, ch, queue)
+	if err := d.Ack(false); err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
