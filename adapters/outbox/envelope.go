@@ -101,8 +101,8 @@ func Encode(ev domain.Event) (*message.Message, error) {
 // It is short on purpose: with a UUID as message-id it keeps the AMQP
 // property block of such a message within 64 bytes: a block one byte over
 // costs RabbitMQ about a quarter of its rate for persistent messages
-// (measured in docs/bench.md, "The 64-byte property block"; 64 bytes is the
-// Erlang VM's limit for a binary on a process's own heap).
+// (measured in docs/history/bench.md, "The 64-byte property block"; 64
+// bytes is the Erlang VM's limit for a binary on a process's own heap).
 const EventContentType = "application/x-om-event"
 
 // derivedKeys are the metadata keys Encode sets from the event, in the

@@ -127,7 +127,7 @@ const (
 	DefaultLinger   = 200 * time.Microsecond
 	// DefaultTransactions is the default bound on a consumer's lanes in a
 	// transaction at once: one batch's commit is being flushed while the
-	// next one is sent. Measured in docs/bench.md ("Transaction slots"),
+	// next one is sent. Measured in docs/history/bench.md ("Transaction slots"),
 	// it cut the PostgreSQL work of the benchmark's consumer per event by
 	// about half against a slot per lane, with the same consumer limit.
 	DefaultTransactions = 2

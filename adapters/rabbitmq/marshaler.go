@@ -89,7 +89,7 @@ const MetaAppID = "om_app_id"
 // event the relay publishes then has no header at all unless it carries a
 // trace context, and its AMQP property block (message-id, content type,
 // delivery mode) fits in the 64 bytes RabbitMQ takes fastest (see
-// docs/bench.md). Unmarshal puts them back, so an Outboxmill consumer sees
+// docs/history/bench.md). Unmarshal puts them back, so an Outboxmill consumer sees
 // the message as it was; other consumers do not.
 //
 // Unmarshal reads every format ever published, mixed in one queue: the

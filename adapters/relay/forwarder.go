@@ -32,7 +32,7 @@ const DefaultPackEvents = 32
 // Reads further apart find more rows each, so more of them share an AMQP
 // message (a pack) and a write to the broker, which charges mostly per
 // message and per wake-up; each event waits up to that much longer under
-// load (docs/bench.md, "Reads 3 ms apart").
+// load (docs/history/bench.md, "Reads 3 ms apart").
 const DefaultReadInterval = 3 * time.Millisecond
 
 // Config configures a relay. Fields marked (outboxmill) apply to the
