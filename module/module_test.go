@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/outboxmill/outboxmill/adapters/postgres"
 	"github.com/outboxmill/outboxmill/consumer"
@@ -148,5 +149,20 @@ func TestConfig_Validate(t *testing.T) {
 				t.Fatalf("Validate = %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+func TestEnvDuration(t *testing.T) {
+	t.Setenv("OBM_TEST_WINDOW", "90s")
+	if d, err := module.EnvDuration("OBM_TEST_WINDOW", time.Minute); err != nil || d != 90*time.Second {
+		t.Errorf("EnvDuration = %v, %v; want 1m30s", d, err)
+	}
+	t.Setenv("OBM_TEST_WINDOW", "soon")
+	if _, err := module.EnvDuration("OBM_TEST_WINDOW", time.Minute); err == nil || !strings.Contains(err.Error(), "OBM_TEST_WINDOW") {
+		t.Errorf("EnvDuration of a malformed value = %v, want an error naming the variable", err)
+	}
+	t.Setenv("OBM_TEST_WINDOW", "")
+	if d, err := module.EnvDuration("OBM_TEST_WINDOW", time.Minute); err != nil || d != time.Minute {
+		t.Errorf("EnvDuration of an empty variable = %v, %v; want the default", d, err)
 	}
 }

@@ -19,7 +19,6 @@ import (
 	"github.com/outboxmill/outboxmill/domain/orders"
 	"github.com/outboxmill/outboxmill/domain/settlement"
 	orderhandlers "github.com/outboxmill/outboxmill/handlers/orders"
-	"github.com/outboxmill/outboxmill/internal/cli"
 	"github.com/outboxmill/outboxmill/module"
 )
 
@@ -48,7 +47,7 @@ func Module() module.Module {
 			return nil
 		},
 		Flags: func(fs *flag.FlagSet) error {
-			def, err := cli.EnvDuration(WindowEnv, orderstore.DefaultIdempotencyWindow)
+			def, err := module.EnvDuration(WindowEnv, orderstore.DefaultIdempotencyWindow)
 			if err != nil {
 				return err
 			}
