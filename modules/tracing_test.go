@@ -124,16 +124,18 @@ func testTrace(t *testing.T, relayKind, consumerKind string) {
 
 	ledger := consumer.SpanName(settlementhandlers.HandlerName)
 	settled := consumer.SpanName(orderhandlers.SettledHandlerName)
-	// The spans of the handlers end after their commit's transaction
-	// ends; wait for the last one.
+	// Every span the checks below read must have ended: a handler's ends
+	// after its transaction, a publish span at its broker confirm (which
+	// can come after the handler of its event has run), a server span once
+	// its handler returned (which can be after the client read the
+	// response).
 	var spans []sdktrace.ReadOnlySpan
 	for {
 		spans = rec.Ended()
-		if find(spans, settled, "SettlementRecorded") != nil {
+		if missing := missingSpans(spans, ledger, settled); missing == "" {
 			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no span %q of SettlementRecorded within %s; spans:\n%s", settled, traceWait, describe(spans))
+		} else if time.Now().After(deadline) {
+			t.Fatalf("%s not ended within %s; spans:\n%s", missing, traceWait, describe(spans))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -173,6 +175,27 @@ func testTrace(t *testing.T, relayKind, consumerKind string) {
 	if id := attr(paid, outbox.AttrAggregateID); id != order.ID {
 		t.Errorf("aggregate id attribute %q, want %s", id, order.ID)
 	}
+}
+
+// missingSpans names the first span the test reads that is not among
+// spans yet, or returns "".
+func missingSpans(spans []sdktrace.ReadOnlySpan, ledger, settled string) string {
+	for _, route := range []string{"POST /orders", "POST /orders/{id}/pay"} {
+		if findServer(spans, route) == nil {
+			return "server span " + route
+		}
+	}
+	for _, ev := range []string{"OrderPlaced", "OrderPaid", "SettlementRecorded"} {
+		if find(spans, relay.PublishSpanName, ev) == nil {
+			return "publish span of " + ev
+		}
+	}
+	for _, s := range []struct{ name, ev string }{{ledger, "OrderPlaced"}, {ledger, "OrderPaid"}, {settled, "SettlementRecorded"}} {
+		if find(spans, s.name, s.ev) == nil {
+			return fmt.Sprintf("span %q of %s", s.name, s.ev)
+		}
+	}
+	return ""
 }
 
 // chain checks that the relay published eventType in a span whose parent is
