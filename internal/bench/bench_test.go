@@ -54,6 +54,9 @@ func tinyConfig(t *testing.T) Config {
 }
 
 func TestRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short mode: runs the whole benchmark (the full suite runs it)")
+	}
 	t.Run("tiny run measures every figure and loses nothing", func(t *testing.T) {
 		cfg := tinyConfig(t)
 		var progress bytes.Buffer

@@ -102,6 +102,7 @@ func pgRows(t *testing.T, url string) []string {
 }
 
 func TestPostgres_KillAndStart(t *testing.T) {
+	skipShort(t)
 	t.Parallel()
 	var dir string
 	t.Run("instance", func(t *testing.T) {
@@ -159,6 +160,7 @@ func TestPostgres_KillAndStart(t *testing.T) {
 }
 
 func TestStartPostgres_LogicalReplication(t *testing.T) {
+	skipShort(t)
 	t.Parallel()
 	pg := StartPostgres(t)
 	ctx := context.Background()
@@ -205,6 +207,7 @@ func TestStartPostgres_LogicalReplication(t *testing.T) {
 }
 
 func TestRabbit_KillAndStart(t *testing.T) {
+	skipShort(t)
 	t.Parallel()
 	var dir string
 	t.Run("instance", func(t *testing.T) {
@@ -235,6 +238,7 @@ func TestRabbit_KillAndStart(t *testing.T) {
 }
 
 func TestRabbitCluster_NodeLoss(t *testing.T) {
+	skipShort(t)
 	t.Parallel()
 	var dirs []string
 	t.Run("cluster", func(t *testing.T) {
@@ -398,6 +402,7 @@ func get(t *testing.T, url, queue string) string {
 }
 
 func TestReapLeftovers(t *testing.T) {
+	skipShort(t)
 	t.Parallel()
 	// An instance of a live owner (this test process). Creating it runs
 	// this process's own reaping first, so that only the explicit call
@@ -456,6 +461,7 @@ func TestReapLeftovers(t *testing.T) {
 // writes; a multi-host URL with target_session_attrs=read-write reaches it
 // with the old primary's address first.
 func TestPostgres_StandbyPromotedAfterKill(t *testing.T) {
+	skipShort(t)
 	t.Parallel()
 	primary := StartPostgres(t, WithSetting("max_connections", "20"))
 	standby := primary.StartStandby(t, "standby_one", WithSetting("max_connections", "20"))
@@ -499,5 +505,13 @@ func TestPostgres_StandbyPromotedAfterKill(t *testing.T) {
 	pgExec(t, multi, `INSERT INTO kept (note) VALUES ('after the promotion')`)
 	if notes := pgRows(t, standby.URL("kept_db")); notes[len(notes)-1] != "after the promotion" {
 		t.Fatalf("the write through the multi-host URL did not reach the promoted standby: %q", notes)
+	}
+}
+
+// skipShort skips t in short mode: every test here starts private servers.
+func skipShort(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("short mode: starts private servers (the full suite runs it)")
 	}
 }

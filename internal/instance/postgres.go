@@ -85,6 +85,9 @@ const (
 // (immediate shutdown, then kill -9 of whatever is left) and its directory
 // removed; its log is printed first if t failed.
 func StartPostgres(t testing.TB, opts ...PostgresOption) *Postgres {
+	if testing.Short() {
+		t.Skip("short mode: starts a private server (the full suite runs it)")
+	}
 	t.Helper()
 	var o postgresOptions
 	for _, opt := range opts {

@@ -71,6 +71,9 @@ func WithRabbitTLS(files TLSFiles) RabbitOption {
 // connections work. When t ends the node is killed and its directory
 // removed; its log is printed first if t failed.
 func StartRabbit(t testing.TB, opts ...RabbitOption) *Rabbit {
+	if testing.Short() {
+		t.Skip("short mode: starts a private server (the full suite runs it)")
+	}
 	t.Helper()
 	cookie, err := newCookie()
 	if err != nil {
@@ -100,6 +103,9 @@ func StartRabbit(t testing.TB, opts ...RabbitOption) *Rabbit {
 // It returns when the n nodes run as one cluster of disc nodes and each
 // accepts AMQP connections.
 func StartRabbitCluster(t testing.TB, n int) []*Rabbit {
+	if testing.Short() {
+		t.Skip("short mode: starts a private server (the full suite runs it)")
+	}
 	t.Helper()
 	if n < 1 {
 		t.Fatalf("private rabbitmq cluster: %d nodes", n)

@@ -51,6 +51,7 @@ func Main(m *testing.M, binDir *string, after func(), extra ...string) int {
 // temporary directory; their ends are printed when t fails.
 func New(t *testing.T, binDir string, cfg stack.Config) *stack.Stack {
 	t.Helper()
+	SkipShort(t)
 	// A server cfg.Env names (a private instance) is kept; the others are
 	// the local ones.
 	local := stack.EnvFromEnvironment()
@@ -91,4 +92,13 @@ func lastBytes(b []byte, n int) []byte {
 		return b[len(b)-n:]
 	}
 	return b
+}
+
+// SkipShort skips t in short mode (go test -short): it runs the services
+// as processes, which the short mode leaves to the full suite.
+func SkipShort(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("short mode: runs the services as processes (the full suite runs it)")
+	}
 }
