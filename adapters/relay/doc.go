@@ -18,6 +18,9 @@
 //     watermill-sql's subscriber, publishing one message at a time and waiting
 //     for each confirm.
 //
+// Every kind publishes in Config.Format: by default one standard message per
+// event that any consumer reads (rabbitmq.FormatStandard; docs/wire.md).
+//
 // Both publish, wait for the broker's confirm, and only then move the
 // position: a crash re-sends at most the rows whose position was not stored
 // yet. Both set aside a row that is not a valid envelope (table
