@@ -88,6 +88,10 @@ func TestMain_FlagLimits(t *testing.T) {
 		{"pack events 0", []string{"-relay-pack-events", "0"}, nil, 1, "-relay-pack-events 0 is outside 1..10000"},
 		{"pack events from the environment", nil, map[string]string{"RELAY_PACK_EVENTS": "20000"}, 1, "-relay-pack-events 20000 is outside 1..10000"},
 		{"malformed pack events in the environment", nil, map[string]string{"RELAY_PACK_EVENTS": "all"}, 1, `RELAY_PACK_EVENTS: want a whole number, got "all"`},
+		{"unknown wire format", []string{"-wire-format", "compact"}, nil, 2, `unknown wire format "compact" (want standard, lean or packed)`},
+		{"unknown wire format of a module", []string{"-orders-wire-format", "Packed"}, nil, 2, `unknown wire format "Packed"`},
+		{"unknown wire format in the environment", nil, map[string]string{"WIRE_FORMAT": "json"}, 1, `WIRE_FORMAT: unknown wire format "json"`},
+		{"unknown wire format of a module in the environment", nil, map[string]string{"ORDERS_WIRE_FORMAT": "x"}, 1, `ORDERS_WIRE_FORMAT: unknown wire format "x"`},
 		{"max retries 1000", []string{"-max-retries", "1000"}, nil, 1, "-max-retries 1000 is outside 1..100"},
 		{"poll interval 0", []string{"-relay-poll-interval", "0s"}, nil, 1, "-relay-poll-interval 0s is outside 1ms..10m"},
 		{"poll interval from the environment", nil, map[string]string{"RELAY_POLL_INTERVAL": "24h"}, 1, "-relay-poll-interval 24h is outside 1ms..10m"},
@@ -105,7 +109,7 @@ func TestMain_FlagLimits(t *testing.T) {
 		{"idempotency key window from the environment", nil, map[string]string{orders.WindowEnv: "1000h"}, 1, "IDEMPOTENCY_KEY_WINDOW: idempotency key window 1000h0m0s: want between"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, k := range []string{"RELAY_POLL_INTERVAL", "STUCK_AFTER", "RELAY_LEASE_TIMEOUT", "OUTBOX_RETENTION", "DEDUP_WINDOW", "RETENTION_INTERVAL", "DB_MAX_CONNS", "RELAY_PACK_EVENTS", "RELAY_READ_INTERVAL",
+			for _, k := range []string{"RELAY_POLL_INTERVAL", "STUCK_AFTER", "RELAY_LEASE_TIMEOUT", "OUTBOX_RETENTION", "DEDUP_WINDOW", "RETENTION_INTERVAL", "DB_MAX_CONNS", "RELAY_PACK_EVENTS", "RELAY_READ_INTERVAL", "WIRE_FORMAT", "ORDERS_WIRE_FORMAT",
 				orders.WindowEnv, "MODULES", "OUTBOXMILL_NAMESPACE", "ACCOUNTS_DATABASE_URL", "ORDERS_DATABASE_URL"} {
 				t.Setenv(k, "")
 			}

@@ -174,9 +174,9 @@ func Main(c Command, args []string, stderr io.Writer) int {
 	}
 	fs.BoolVar(&relay, "relay", relay, "run the relay of each publishing module in this process (env RELAY=true|false)")
 	fs.StringVar(&cfg.RelayKind, "relay-kind", cli.Env("RELAY_KIND", "outboxmill"), "relay implementation: outboxmill (batched, pipelined polling), cdc (logical replication; needs wal_level=logical and REPLICATION) or watermill (Watermill's forwarder) (env RELAY_KIND)")
-	fs.Func("wire-format", "how the relays lay events out on the broker: standard (one message per event that any consumer reads: a stock Watermill subscriber, any AMQP client), lean or packed (smaller, for modules whose every consumer is an Outboxmill one; docs/wire.md) (env WIRE_FORMAT; default standard)",
-		wireFormatFlag(&cfg.WireFormat))
-	if err := wireFormatFlag(&cfg.WireFormat)(cli.Env("WIRE_FORMAT", "")); err != nil {
+	setFormat := func(s string) error { return setWireFormat(s, func(f rabbitmq.Format) { cfg.WireFormat = f }) }
+	fs.Func("wire-format", "how the relays lay events out on the broker: standard (one message per event that any consumer reads: a stock Watermill subscriber, any AMQP client), lean or packed (smaller, for modules whose every consumer is an Outboxmill one; docs/wire.md) (env WIRE_FORMAT; default standard)", setFormat)
+	if err := setFormat(cli.Env("WIRE_FORMAT", "")); err != nil {
 		errs = append(errs, fmt.Errorf("WIRE_FORMAT: %w", err))
 	}
 	cfg.WireFormats = map[string]rabbitmq.Format{}
@@ -184,23 +184,12 @@ func Main(c Command, args []string, stderr io.Writer) int {
 		if len(m.Publishes) == 0 {
 			continue
 		}
-		env := strings.ToUpper(m.Name) + "_WIRE_FORMAT"
-		var f rabbitmq.Format
-		if err := wireFormatFlag(&f)(cli.Env(env, "")); err != nil {
+		name, env := m.Name, strings.ToUpper(m.Name)+"_WIRE_FORMAT"
+		setModule := func(s string) error { return setWireFormat(s, func(f rabbitmq.Format) { cfg.WireFormats[name] = f }) }
+		if err := setModule(cli.Env(env, "")); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", env, err))
 		}
-		if f != "" {
-			cfg.WireFormats[m.Name] = f
-		}
-		name := m.Name
-		fs.Func(strings.ReplaceAll(m.Name, "_", "-")+"-wire-format", fmt.Sprintf("wire format of module %s's relay (env %s; default -wire-format)", m.Name, env), func(s string) error {
-			var f rabbitmq.Format
-			if err := wireFormatFlag(&f)(s); err != nil {
-				return err
-			}
-			cfg.WireFormats[name] = f
-			return nil
-		})
+		fs.Func(strings.ReplaceAll(name, "_", "-")+"-wire-format", fmt.Sprintf("wire format of module %s's relay (env %s; default -wire-format)", name, env), setModule)
 	}
 	fs.IntVar(&cfg.RelayPackEvents, "relay-pack-events", envInt("RELAY_PACK_EVENTS", relayadapter.DefaultPackEvents),
 		fmt.Sprintf("most events one AMQP message of the relay carries in the packed wire format, 1..%d (env RELAY_PACK_EVENTS)", maxPackEvents))
@@ -318,18 +307,16 @@ func DefineFlags(fs *flag.FlagSet, set Set) error {
 	return nil
 }
 
-// wireFormatFlag returns a flag function that sets *f to the wire format
-// it is given; "" leaves *f as it is.
-func wireFormatFlag(f *rabbitmq.Format) func(string) error {
-	return func(s string) error {
-		if s == "" {
-			return nil
-		}
-		parsed, err := rabbitmq.ParseFormat(s)
-		if err != nil {
-			return err
-		}
-		*f = parsed
+// setWireFormat parses s as a wire format and hands it to set; "" sets
+// nothing.
+func setWireFormat(s string, set func(rabbitmq.Format)) error {
+	if s == "" {
 		return nil
 	}
+	f, err := rabbitmq.ParseFormat(s)
+	if err != nil {
+		return err
+	}
+	set(f)
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/outboxmill/outboxmill/adapters/postgres"
+	"github.com/outboxmill/outboxmill/adapters/rabbitmq"
 	"github.com/outboxmill/outboxmill/consumer"
 	"github.com/outboxmill/outboxmill/domain"
 	"github.com/outboxmill/outboxmill/module"
@@ -140,6 +141,10 @@ func TestConfig_Validate(t *testing.T) {
 		{"bad relay kind", func(c *module.Config) { c.RelayKind = "kafka" }, `relay kind "kafka"`},
 		{"bad consumer", func(c *module.Config) { c.Consumer = "pull" }, `consumer "pull"`},
 		{"batch above prefetch", func(c *module.Config) { c.MaxBatch, c.Prefetch = 100, 10 }, "cannot fill"},
+		{"bad wire format", func(c *module.Config) { c.WireFormat = "compact" }, `unknown wire format "compact"`},
+		{"wire format of an unknown module", func(c *module.Config) { c.WireFormats = map[string]rabbitmq.Format{"billing": rabbitmq.FormatLean} }, `wire format for unknown module "billing"`},
+		{"wire format of a module that publishes nothing", func(c *module.Config) { c.WireFormats = map[string]rabbitmq.Format{"audit": rabbitmq.FormatLean} }, "wire format for module audit, which publishes nothing"},
+		{"bad wire format of a module", func(c *module.Config) { c.WireFormats = map[string]rabbitmq.Format{"accounts": "x"} }, `module accounts: unknown wire format "x"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -145,42 +145,46 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 		return amqp.Publishing{}, fmt.Errorf("message %s: %w (%s)", middleware.SafeMessageID(msg.UUID), ErrReservedMetadata, MetaPackError)
 	}
 	pub := amqp.Publishing{DeliveryMode: amqp.Persistent, Body: msg.Payload}
-	_, hasAppID := msg.Metadata[MetaAppID]
 	if len(msg.UUID) <= maxShortString {
 		pub.MessageId = msg.UUID
 	}
-	if msg.Metadata[MetaContentType] == PackContentType {
+	switch {
+	case msg.Metadata[MetaContentType] == PackContentType:
 		// A pack as a router's handler was given it: it goes out as it came.
 		pub.ContentType = PackContentType
-		if n := len(msg.Metadata) - 1; n > 1 || n == 1 && !hasAppID {
-			pub.Headers = headers(msg, func(k string) bool { return k != MetaContentType && k != MetaAppID }, 0)
+		pub.Headers = headers(msg, func(k string) bool { return k != MetaContentType })
+	case m.Format.Lean():
+		// An event's metadata that its body holds is left out; any other
+		// message keeps its metadata as headers.
+		lean := derivedFromBody(msg)
+		if lean {
+			pub.ContentType = outbox.EventContentType
 		}
-		m.uuidHeader(&pub, msg.UUID)
+		pub.Headers = headers(msg, func(k string) bool { return !lean || !outbox.IsDerived(k) })
+	default:
+		m.standard(&pub, msg)
 		return pub, nil
 	}
-	if m.Format.Lean() && derivedFromBody(msg) {
-		pub.ContentType = outbox.EventContentType
-		n := len(msg.Metadata) - outboxDerivedCount
-		if hasAppID {
-			n--
+	// The lean formats and packs send the UUID header only for a UUID too
+	// long for the message-id property.
+	if len(msg.UUID) > maxShortString {
+		if pub.Headers == nil {
+			pub.Headers = amqp.Table{}
 		}
-		if n > 0 {
-			pub.Headers = headers(msg, func(k string) bool { return !outbox.IsDerived(k) && k != MetaAppID }, 0)
-		}
-		m.uuidHeader(&pub, msg.UUID)
-		return pub, nil
+		pub.Headers[wmamqp.DefaultMessageUUIDHeaderKey] = msg.UUID
 	}
-	if m.Format.Lean() {
-		// Not an event: its metadata goes as headers, its UUID as
-		// message-id, as in the lean format.
-		if n := len(msg.Metadata); n > 1 || n == 1 && !hasAppID {
-			pub.Headers = headers(msg, func(k string) bool { return k != MetaAppID }, 0)
-		}
-		m.uuidHeader(&pub, msg.UUID)
-		return pub, nil
-	}
-	pub.Headers = headers(msg, func(k string) bool { return k != MetaAppID }, 1)
+	return pub, nil
+}
+
+// standard fills pub with msg in FormatStandard: every metadata entry and
+// the UUID as headers, and for an event AMQP's type, timestamp, content
+// type and app-id.
+func (m Marshaler) standard(pub *amqp.Publishing, msg *message.Message) {
+	pub.Headers = headers(msg, func(string) bool { return true })
 	if msg.UUID != "" {
+		if pub.Headers == nil {
+			pub.Headers = amqp.Table{}
+		}
 		pub.Headers[wmamqp.DefaultMessageUUIDHeaderKey] = msg.UUID
 	}
 	if pub.AppId = m.AppID; pub.AppId == "" {
@@ -189,39 +193,32 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	if len(pub.AppId) > maxShortString {
 		pub.AppId = ""
 	}
-	if typ := msg.Metadata[outbox.MetaEventType]; typ != "" {
-		pub.ContentType = StandardContentType
-		if len(typ) <= maxShortString {
-			pub.Type = typ
-		}
-		if at, err := time.Parse(time.RFC3339Nano, msg.Metadata[outbox.MetaOccurredAt]); err == nil {
-			pub.Timestamp = at.UTC().Truncate(time.Second) // AMQP's timestamp counts seconds
-		}
-	}
-	return pub, nil
-}
-
-// uuidHeader puts uuid in pub's UUID header when it is too long for the
-// message-id property (lean formats and packs, which send the header only
-// then).
-func (Marshaler) uuidHeader(pub *amqp.Publishing, uuid string) {
-	if len(uuid) <= maxShortString {
+	typ := msg.Metadata[outbox.MetaEventType]
+	if typ == "" {
 		return
 	}
-	if pub.Headers == nil {
-		pub.Headers = amqp.Table{}
+	pub.ContentType = StandardContentType
+	if len(typ) <= maxShortString {
+		pub.Type = typ
 	}
-	pub.Headers[wmamqp.DefaultMessageUUIDHeaderKey] = uuid
+	if at, err := time.Parse(time.RFC3339Nano, msg.Metadata[outbox.MetaOccurredAt]); err == nil {
+		pub.Timestamp = at.UTC().Truncate(time.Second) // AMQP's timestamp counts seconds
+	}
 }
 
-// headers returns the metadata of msg that keep accepts as an AMQP table,
-// with room for extra more entries.
-func headers(msg *message.Message, keep func(string) bool, extra int) amqp.Table {
-	t := make(amqp.Table, len(msg.Metadata)+extra)
+// headers returns as an AMQP table the metadata of msg whose keys keep
+// accepts, MetaAppID aside (it travels as the app-id property), or nil when
+// there is none: a message without headers costs the broker least.
+func headers(msg *message.Message, keep func(string) bool) amqp.Table {
+	var t amqp.Table
 	for k, v := range msg.Metadata {
-		if keep(k) {
-			t[k] = v
+		if k == MetaAppID || !keep(k) {
+			continue
 		}
+		if t == nil {
+			t = make(amqp.Table, len(msg.Metadata)+1)
+		}
+		t[k] = v
 	}
 	return t
 }

@@ -56,6 +56,8 @@ type PublishConn struct {
 	since   time.Time
 	changed chan struct{} // closed and replaced at each change of blocked
 	aborted bool          // abort closed the socket
+
+	watched chan struct{} // closed once watch made its last report
 }
 
 // DialPublisher connects to the broker at url as Dial does, for a
@@ -64,7 +66,7 @@ func DialPublisher(ctx context.Context, url string, config PublishConnConfig) (*
 	if config.Logger == nil {
 		config.Logger = slog.Default()
 	}
-	c := &PublishConn{config: config, changed: make(chan struct{})}
+	c := &PublishConn{config: config, changed: make(chan struct{}), watched: make(chan struct{})}
 	dial := amqp.DefaultDial(10 * time.Second)
 	if config.Corked {
 		c.cork = &Cork{}
@@ -98,6 +100,7 @@ func (c *PublishConn) Cork() *Cork { return c.cork }
 
 // watch follows the connection's blocked notifications until it closes.
 func (c *PublishConn) watch(blocks <-chan amqp.Blocking) {
+	defer close(c.watched)
 	for b := range blocks {
 		c.set(b.Active, b.Reason)
 	}
@@ -204,8 +207,11 @@ func (c *PublishConn) socketClosed() bool {
 // CloseWithin closes the connection (and its channels), waiting at most
 // timeout for the broker's answer, and not at all while the broker blocks
 // the connection: then, or past timeout, it closes the socket, which ends
-// amqp091's wait.
+// amqp091's wait. It returns once the connection reported itself no longer
+// blocked (Blocked, OnBlocked), so that an owner that closed it sees no
+// block of it afterwards.
 func (c *PublishConn) CloseWithin(timeout time.Duration) error {
+	defer c.awaitWatch(timeout)
 	if c.IsClosed() {
 		return nil
 	}
@@ -222,6 +228,18 @@ func (c *PublishConn) CloseWithin(timeout time.Duration) error {
 		return err
 	}
 	return nil
+}
+
+// awaitWatch waits, at most timeout, for watch's last report: amqp091
+// ends the blocked notifications when the connection shuts down, and
+// watch then reports the connection unblocked.
+func (c *PublishConn) awaitWatch(timeout time.Duration) {
+	wait := time.NewTimer(timeout)
+	defer wait.Stop()
+	select {
+	case <-c.watched:
+	case <-wait.C:
+	}
 }
 
 // closedChan is a closed channel.

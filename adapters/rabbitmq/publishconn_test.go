@@ -123,12 +123,17 @@ func TestPublishConn_Blocked(t *testing.T) {
 	if !conn.IsClosed() {
 		t.Error("the connection is open after CloseWithin")
 	}
-	clear()
-	mu.Lock()
-	defer mu.Unlock()
-	if len(changes) != 2 || !changes[0] || changes[1] {
-		t.Errorf("OnBlocked calls %v, want [true false] (blocked, then closed)", changes)
+	// Once CloseWithin returned, with the alarm still on, the closed
+	// connection reports itself no longer blocked.
+	if err := conn.Blocked(); err != nil {
+		t.Errorf("Blocked after CloseWithin: %v, want nil", err)
 	}
+	mu.Lock()
+	if len(changes) != 2 || !changes[0] || changes[1] {
+		t.Errorf("OnBlocked calls %v when CloseWithin returned, want [true false] (blocked, then closed)", changes)
+	}
+	mu.Unlock()
+	clear()
 	if n := strings.Count(logs.String(), `msg="broker blocks publishing`); n != 1 {
 		t.Errorf("the block was logged %d times, want once:\n%s", n, logs.String())
 	}

@@ -32,32 +32,29 @@ type brokerState struct {
 // watchBroker starts the report of a new connection of the relay: not
 // blocked until it says otherwise. It returns the connection's
 // PublishConnConfig.OnBlocked, which records its reports for BrokerHealth
-// and BrokerMetrics until the relay dials again or calls retire, and
-// retire, which records the connection, closed, as not blocked and ignores
-// whatever it reports later (its watcher's last report can come after the
-// relay stopped).
-func (r *Outboxmill) watchBroker() (report func(blocked bool, reason string), retire func()) {
+// and BrokerMetrics until the relay dials again; what an earlier
+// connection reports later is ignored. A connection's last report, when it
+// closes, is that it is no longer blocked (PublishConn.CloseWithin waits
+// for it).
+func (r *Outboxmill) watchBroker() func(blocked bool, reason string) {
 	r.broker.mu.Lock()
 	r.broker.conn++
 	conn := r.broker.conn
 	r.broker.mu.Unlock()
-	set := func(blocked bool, reason string, last bool) {
+	report := func(blocked bool, reason string) {
 		r.broker.mu.Lock()
 		if conn != r.broker.conn {
 			r.broker.mu.Unlock()
 			return
 		}
 		r.broker.blocked, r.broker.reason = blocked, reason
-		if last {
-			r.broker.conn++
-		}
 		r.broker.mu.Unlock()
 		if m, ok := r.config.Metrics.(BrokerMetrics); ok {
 			m.BrokerBlocked(blocked)
 		}
 	}
-	set(false, "", false)
-	return func(blocked bool, reason string) { set(blocked, reason, false) }, func() { set(false, "", true) }
+	report(false, "")
+	return report
 }
 
 // BrokerHealth returns an error wrapping rabbitmq.ErrBlocked ("broker

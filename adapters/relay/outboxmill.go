@@ -241,12 +241,10 @@ func (r *Outboxmill) lead(ctx context.Context) (err error) {
 			}()
 		}
 	}
-	report, retire := r.watchBroker()
 	conn, err := rabbitmq.DialPublisher(ctx, r.config.AMQPURL, rabbitmq.PublishConnConfig{
-		Corked: true, OnBlocked: report, Logger: r.logger,
+		Corked: true, OnBlocked: r.watchBroker(), Logger: r.logger,
 	})
 	if err != nil {
-		retire()
 		return err
 	}
 	// Stopping, the relay waits for the broker at most CloseTimeout/2, and
@@ -258,7 +256,6 @@ func (r *Outboxmill) lead(ctx context.Context) (err error) {
 	defer func() {
 		close(connDone)
 		_ = conn.CloseWithin(r.config.CloseTimeout / 2)
-		retire() // a closed connection blocks nothing
 
 	}()
 	ch, err := conn.Channel()
